@@ -1,0 +1,64 @@
+# idemgate — make help lists the targets.
+SHELL := /usr/bin/env bash
+export PATH := /usr/local/go/bin:$(PATH)
+
+GO           ?= go
+BIN_DIR      ?= bin
+VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS      := -s -w -X github.com/idemgate/idemgate/cmd/idemgate/mainlib.Version=$(VERSION)
+GO_TEST_ARGS ?=
+# make test requires the services it starts: a missing one fails instead of skipping.
+TEST_ENV     := IDEMGATE_REQUIRE_SERVICES=1
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build bin/idemgate (static, CGO off).
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/idemgate ./cmd/idemgate
+
+.PHONY: demo
+demo: ## Run the one-process demo (memory store, payments upstream, Envoy-faithful front on :8080).
+	$(GO) run ./cmd/idemgate demo
+
+.PHONY: services
+services: ## Make sure Redis and PostgreSQL answer on the test addresses (starts throwaway ones if not).
+	@.ci/services.sh
+
+.PHONY: test
+test: services ## Run every test (unit, integration, e2e) with the race detector.
+	$(TEST_ENV) $(GO) test -race -count=1 -timeout 45m $(GO_TEST_ARGS) ./...
+
+.PHONY: test-race
+test-race: test ## Same as test: the suite always runs with -race.
+
+.PHONY: test-short
+test-short: ## Unit tests only (no services needed).
+	$(GO) test -short -count=1 $(GO_TEST_ARGS) ./...
+
+.PHONY: bench
+bench: services build ## Micro-benchmarks, then the ext_proc load benchmark that writes BENCHMARKS.md.
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 1s ./fingerprint/... ./state/... ./extproc/...
+	@if [ -d e2e/loadgen ]; then $(GO) run ./e2e/loadgen -out BENCHMARKS.md; else echo "load benchmark: not built yet"; fi
+
+.PHONY: fuzz
+fuzz: ## Run each fuzz target for FUZZTIME (default 60s).
+	$(GO) test ./fingerprint -run '^$$' -fuzz '^FuzzVerify$$' -fuzztime $${FUZZTIME:-60s}
+	$(GO) test ./fingerprint -run '^$$' -fuzz '^FuzzCanonicalize$$' -fuzztime $${FUZZTIME:-60s}
+
+.PHONY: lint
+lint: ## go vet and a gofmt check.
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+.PHONY: check-config
+check-config: ## Validate every idemgate config shipped in the repository.
+	@for f in $$(git ls-files '*idemgate*.yaml' | grep -v testdata); do \
+		echo "== $$f"; IDEMGATE_KEY_K1=$$($(GO) run ./cmd/idemgate keygen) $(GO) run ./cmd/idemgate check-config --config $$f || exit 1; done
+
+.PHONY: clean
+clean: ## Remove build output.
+	rm -rf $(BIN_DIR)

@@ -1,0 +1,216 @@
+// Package state holds idempotency records: the acquire/complete state machine
+// that lets a confirm reach the upstream exactly once and lets every later
+// retry learn what happened.
+//
+// A record moves
+//
+//	(absent) --Acquire--> IN_FLIGHT --Complete--> DONE | FAILED   (+result)
+//	                          |--Release------------> IN_FLIGHT, lease expired (next retry takes over)
+//	                          |--Takeover (lease expired, downstream idempotent)--> IN_FLIGHT, new owner, fence+1
+//	                          '--MarkUnknown (downstream not idempotent)----------> UNKNOWN
+//	UNKNOWN | IN_FLIGHT --Resolve (a person)--> DONE | FAILED
+//
+// Outcomes are values, not errors: an error from a Store always means the
+// backend failed and nothing can be said about the record. The package knows
+// nothing about Envoy or HTTP beyond the stored Result.
+package state
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+)
+
+// State is the stored state of a record.
+type State string
+
+const (
+	StateInFlight State = "IN_FLIGHT"
+	StateDone     State = "DONE"
+	StateFailed   State = "FAILED"
+	StateUnknown  State = "UNKNOWN"
+)
+
+// Terminal reports whether s carries a final, replayable result.
+func (s State) Terminal() bool { return s == StateDone || s == StateFailed }
+
+// Outcome is the answer of a state-changing call.
+type Outcome string
+
+const (
+	// OutcomeAcquired: the caller owns the record and may call the upstream.
+	OutcomeAcquired Outcome = "ACQUIRED"
+	// OutcomeDone / OutcomeFailed: the record is terminal; Record.Result holds the
+	// stored upstream answer.
+	OutcomeDone   Outcome = "DONE"
+	OutcomeFailed Outcome = "FAILED"
+	// OutcomeInFlight: another owner holds the record. Record.LeaseExpired says
+	// whether its lease has run out (judged by the backend's clock).
+	OutcomeInFlight Outcome = "IN_FLIGHT"
+	// OutcomeUnknown: an earlier attempt may or may not have executed; a person
+	// must reconcile.
+	OutcomeUnknown Outcome = "UNKNOWN"
+	// OutcomeParamMismatch: the record exists under a different parameter hash.
+	OutcomeParamMismatch Outcome = "PARAM_MISMATCH"
+	// OutcomeNotOwner: the caller is no longer the owner (or the fence moved,
+	// or the record is not in a state the call applies to); nothing was written.
+	OutcomeNotOwner Outcome = "NOT_OWNER"
+	// OutcomeOK: a Complete, Release, MarkUnknown or Resolve was applied.
+	OutcomeOK Outcome = "OK"
+	// OutcomeNotFound: Takeover, MarkUnknown or Resolve on an absent record.
+	OutcomeNotFound Outcome = "NOT_FOUND"
+)
+
+// ErrInvalidArgument is returned (wrapped) for calls that can never succeed,
+// such as an empty key or a non-terminal state passed to Complete.
+var ErrInvalidArgument = errors.New("invalid argument")
+
+// Header is one stored response header, in the order the upstream sent it.
+type Header struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// Result is the upstream answer stored with a terminal record, kept so that a
+// replay is byte-identical: status, allow-listed headers (content-type among
+// them) and the body bytes.
+type Result struct {
+	Status  int      `json:"status"`
+	Headers []Header `json:"headers,omitempty"`
+	Body    []byte   `json:"body,omitempty"`
+}
+
+// ContentType returns the stored content-type header, if any.
+func (r *Result) ContentType() string {
+	if r == nil {
+		return ""
+	}
+	for _, h := range r.Headers {
+		if strings.EqualFold(h.Name, "content-type") {
+			return h.Value
+		}
+	}
+	return ""
+}
+
+// Record is everything a backend keeps about one idempotency key.
+type Record struct {
+	Key        string // the fingerprint nonce: 32 lower-case hex characters
+	Scope      string
+	SubjectTag string
+	ParamHash  string
+	State      State
+	Owner      string
+	Fence      int64
+	LeaseUntil time.Time
+	// LeaseExpired is computed by the backend from its own clock when the
+	// record is read; it is not stored.
+	LeaseExpired bool
+	Result       *Result
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+	ExpiresAt    time.Time
+}
+
+// Claim identifies one owner's hold on a record. Fence increases on every
+// takeover, so an old owner's late call is refused even if owner ids repeat.
+type Claim struct {
+	Key   string
+	Owner string
+	Fence int64
+}
+
+// AcquireRequest asks for ownership of a key.
+type AcquireRequest struct {
+	Key        string
+	Scope      string
+	SubjectTag string
+	ParamHash  string
+	Owner      string
+	// Lease is how long the owner may hold IN_FLIGHT before a retry may take
+	// over (ttl.in_flight). Leases are never renewed.
+	Lease time.Duration
+	// Retention is how long the record is kept (ttl.terminal); it is counted
+	// from creation and restarted when the record becomes terminal.
+	Retention time.Duration
+}
+
+// TakeoverRequest moves an IN_FLIGHT record whose lease expired to a new
+// owner. Fence is the fence the caller saw; the takeover succeeds only if it
+// is still current, so of many retries racing for one expired lease exactly one
+// wins.
+type TakeoverRequest struct {
+	Key      string
+	NewOwner string
+	Fence    int64
+	Lease    time.Duration
+}
+
+// Completion is the terminal state and result written by Complete or Resolve.
+type Completion struct {
+	State     State // StateDone or StateFailed
+	Result    Result
+	Retention time.Duration // how long the terminal record is kept (ttl.terminal)
+}
+
+// Answer is what a state-changing call returns: an outcome and, where the
+// outcome is about an existing record, that record as the backend saw it.
+type Answer struct {
+	Outcome Outcome
+	Record  Record
+}
+
+// Store is implemented by every backend: memory, redis, postgres and tiered.
+// All methods honour the context deadline. Implementations are safe for
+// concurrent use.
+type Store interface {
+	// Acquire creates the record IN_FLIGHT and answers ACQUIRED, or reports
+	// what is already there: DONE/FAILED (+result), IN_FLIGHT (+owner, fence,
+	// LeaseExpired), UNKNOWN, or PARAM_MISMATCH when the stored parameter hash
+	// differs (the hash is compared before the state). Atomic.
+	Acquire(ctx context.Context, req AcquireRequest) (Answer, error)
+
+	// Complete writes DONE or FAILED with its result if claim still owns the
+	// record (same owner and fence) and the record is IN_FLIGHT, or UNKNOWN
+	// (the owner learned the answer after the record was marked unknown).
+	// Otherwise NOT_OWNER and nothing is written.
+	Complete(ctx context.Context, claim Claim, c Completion) (Answer, error)
+
+	// Release gives an IN_FLIGHT record back after an ambiguous outcome with a
+	// downstream that honours idempotency keys: the lease is ended at once so
+	// the next retry takes over and re-sends the same key. Owner and fence must
+	// match, else NOT_OWNER.
+	Release(ctx context.Context, claim Claim) (Answer, error)
+
+	// MarkUnknown moves an IN_FLIGHT record to UNKNOWN: by its owner (same
+	// owner and fence) after an ambiguous outcome with a downstream that does
+	// not honour keys, or by anyone holding the current fence once the lease
+	// has expired. Otherwise NOT_OWNER (or NOT_FOUND).
+	MarkUnknown(ctx context.Context, claim Claim) (Answer, error)
+
+	// Takeover gives an IN_FLIGHT record whose lease has expired to a new owner
+	// with fence+1 and answers ACQUIRED. If the lease is still running, the
+	// fence moved, or the record is not IN_FLIGHT, it answers what Acquire
+	// would have answered, without change.
+	Takeover(ctx context.Context, req TakeoverRequest) (Answer, error)
+
+	// Get reads a record. found is false when there is none.
+	Get(ctx context.Context, key string) (rec Record, found bool, err error)
+
+	// Resolve lets a person settle an UNKNOWN or IN_FLIGHT record as DONE or
+	// FAILED with a result. A terminal record is left alone (NOT_OWNER with
+	// the record); an absent one answers NOT_FOUND.
+	Resolve(ctx context.Context, key string, c Completion) (Answer, error)
+
+	// Sweep deletes up to limit terminal records whose retention has passed
+	// and reports how many it deleted. Backends with native expiry may
+	// return 0.
+	Sweep(ctx context.Context, limit int) (int, error)
+
+	// Ping reports whether the backend answers.
+	Ping(ctx context.Context) error
+
+	// Close releases connections.
+	Close() error
+}
