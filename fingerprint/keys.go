@@ -1,0 +1,211 @@
+package fingerprint
+
+import (
+	"crypto/hkdf"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"hash"
+	"log/slog"
+	"slices"
+	"strings"
+)
+
+// MinKeyBytes is the minimum length of a signing key.
+const MinKeyBytes = 32
+
+// ErrInvalidKey is returned for key material or key ids that cannot be used.
+// Its messages never contain key material.
+var ErrInvalidKey = errors.New("invalid key")
+
+// Labels for the sub-keys derived from every configured key with HKDF-Expand
+// (RFC 5869, SHA-256, the configured key as PRK, 32 bytes). Each use of a key
+// gets its own sub-key; the MAC itself uses the configured key directly, as
+// DESIGN section 2 specifies. The labels contain '/' and HKDF appends 0x01,
+// neither of which can occur in the base64url text the MAC is computed over,
+// so no MAC input ever equals a derivation input.
+const (
+	subjectTagLabel = "idemgate/fingerprint/v1/subject-tag"
+	fieldTagLabel   = "idemgate/fingerprint/v1/field-tag"
+)
+
+const (
+	subjectTagBytes = 16 // 128 bits; base64url: 22 characters
+	fieldTagBytes   = 9  // 72 bits; base64url: 12 characters
+	maxKeyIDLength  = 64
+)
+
+// ParseKey decodes a key as stored in IDEMGATE_KEY_* or a key file: base64
+// in the standard or URL alphabet, padded or not, surrounding whitespace
+// ignored. Keys shorter than MinKeyBytes are rejected.
+func ParseKey(encoded string) ([]byte, error) {
+	s := strings.TrimSpace(encoded)
+	if s == "" {
+		return nil, fmt.Errorf("%w: empty", ErrInvalidKey)
+	}
+	urlAlphabet := strings.ContainsAny(s, "-_")
+	if urlAlphabet && strings.ContainsAny(s, "+/") {
+		return nil, fmt.Errorf("%w: mixes the standard and URL base64 alphabets", ErrInvalidKey)
+	}
+	enc := base64.RawStdEncoding
+	if urlAlphabet {
+		enc = base64.RawURLEncoding
+	}
+	// Padding is optional: drop it and decode unpadded.
+	key, err := enc.DecodeString(strings.TrimRight(s, "="))
+	if err != nil {
+		// Never echo the input: it is a secret.
+		return nil, fmt.Errorf("%w: not base64", ErrInvalidKey)
+	}
+	if len(key) < MinKeyBytes {
+		return nil, fmt.Errorf("%w: %d bytes, need at least %d", ErrInvalidKey, len(key), MinKeyBytes)
+	}
+	return key, nil
+}
+
+// GenerateKey returns 32 random bytes from crypto/rand in standard padded
+// base64, the form ParseKey reads and `idemgate keygen` prints.
+func GenerateKey() (string, error) {
+	key := make([]byte, MinKeyBytes)
+	if _, err := rand.Read(key); err != nil {
+		return "", fmt.Errorf("failed to read random key: %w", err)
+	}
+	return base64.StdEncoding.EncodeToString(key), nil
+}
+
+// KeyRing holds the signing keys: the active one signs, all of them verify.
+// It is immutable and safe for concurrent use. It never prints its secrets
+// (String, GoString and LogValue show key ids only).
+type KeyRing struct {
+	active string
+	ids    []string // sorted
+	keys   map[string]*ringKey
+}
+
+// ringKey is one configured key and its derived sub-keys, computed once.
+type ringKey struct {
+	id         string
+	mac        []byte
+	subjectKey []byte
+	fieldKey   []byte
+}
+
+// NewKeyRing builds a key ring. activeID must be one of keys; ids are
+// 1 to 64 characters of [A-Za-z0-9._-]; every key has at least MinKeyBytes.
+// The key bytes are copied.
+func NewKeyRing(activeID string, keys map[string][]byte) (*KeyRing, error) {
+	var errs []error
+	r := &KeyRing{active: activeID, keys: make(map[string]*ringKey, len(keys))}
+	for id, secret := range keys {
+		if !validKeyID(id) {
+			errs = append(errs, fmt.Errorf("%w: key id %q must be 1-%d characters of [A-Za-z0-9._-]", ErrInvalidKey, id, maxKeyIDLength))
+			continue
+		}
+		if len(secret) < MinKeyBytes {
+			errs = append(errs, fmt.Errorf("%w: key %q has %d bytes, need at least %d", ErrInvalidKey, id, len(secret), MinKeyBytes))
+			continue
+		}
+		rk, err := deriveKey(id, secret)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		r.keys[id] = rk
+		r.ids = append(r.ids, id)
+	}
+	if _, ok := keys[activeID]; !ok {
+		errs = append(errs, fmt.Errorf("%w: active key %q is not among the configured keys", ErrInvalidKey, activeID))
+	}
+	if len(errs) > 0 {
+		slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+		return nil, errors.Join(errs...)
+	}
+	slices.Sort(r.ids)
+	return r, nil
+}
+
+func deriveKey(id string, secret []byte) (*ringKey, error) {
+	subjectKey, err := hkdf.Expand(sha256.New, secret, subjectTagLabel, sha256.Size)
+	if err != nil {
+		return nil, fmt.Errorf("failed to derive the subject key of %q: %w", id, err)
+	}
+	fieldKey, err := hkdf.Expand(sha256.New, secret, fieldTagLabel, sha256.Size)
+	if err != nil {
+		return nil, fmt.Errorf("failed to derive the field key of %q: %w", id, err)
+	}
+	return &ringKey{id: id, mac: slices.Clone(secret), subjectKey: subjectKey, fieldKey: fieldKey}, nil
+}
+
+func validKeyID(id string) bool {
+	if id == "" || len(id) > maxKeyIDLength {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || isDigit(c) || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// ActiveKeyID is the id of the key that signs.
+func (r *KeyRing) ActiveKeyID() string { return r.active }
+
+// KeyIDs returns every configured key id, sorted.
+func (r *KeyRing) KeyIDs() []string { return slices.Clone(r.ids) }
+
+// LogValue shows key ids only.
+func (r *KeyRing) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("active_key", r.active),
+		slog.Any("key_ids", r.KeyIDs()),
+		slog.String("keys", "[REDACTED]"),
+	)
+}
+
+// String shows key ids only.
+func (r *KeyRing) String() string {
+	return fmt.Sprintf("KeyRing{active_key: %s, key_ids: [%s], keys: [REDACTED]}", r.active, strings.Join(r.ids, " "))
+}
+
+// GoString shows key ids only, so %#v does not print secrets either.
+func (r *KeyRing) GoString() string { return r.String() }
+
+// SubjectTag returns the keyed tag of subject under key keyID, the "u" claim:
+// base64url (no padding) of the first 16 bytes of HMAC-SHA256(subject key,
+// subject). The subject is used byte for byte, with no normalisation.
+func (r *KeyRing) SubjectTag(keyID, subject string) (string, error) {
+	k, ok := r.keys[keyID]
+	if !ok {
+		return "", fmt.Errorf("%w: unknown key id", ErrInvalidKey)
+	}
+	if subject == "" {
+		return "", errors.New("failed to tag subject: subject is empty")
+	}
+	return k.subjectTag(newHMAC(k.subjectKey), subject), nil
+}
+
+func newHMAC(key []byte) hash.Hash { return hmac.New(sha256.New, key) }
+
+func (k *ringKey) subjectTag(h hash.Hash, subject string) string {
+	h.Reset()
+	h.Write([]byte(subject))
+	var sum [sha256.Size]byte
+	return base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0])[:subjectTagBytes])
+}
+
+// fieldTag is base64url (no padding) of the first 9 bytes of
+// HMAC-SHA256(field key, path || 0x00 || canonical value). Paths cannot
+// contain 0x00, so the input is unambiguous.
+func (k *ringKey) fieldTag(h hash.Hash, path string, canonical []byte) string {
+	h.Reset()
+	h.Write([]byte(path))
+	h.Write([]byte{0})
+	h.Write(canonical)
+	var sum [sha256.Size]byte
+	return base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0])[:fieldTagBytes])
+}
