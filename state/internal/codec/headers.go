@@ -1,0 +1,86 @@
+// Package codec turns stored response headers into JSON and back without
+// losing a byte. Redis keeps the JSON in a hash field and PostgreSQL in a
+// jsonb column; JSON would replace invalid UTF-8 with U+FFFD and jsonb refuses
+// NUL, so a name or value that JSON cannot carry exactly is stored as base64
+// in a sibling field instead. Everything else stays readable for operators.
+package codec
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/idemgate/idemgate/state"
+)
+
+type header struct {
+	Name     string `json:"name,omitempty"`
+	NameB64  string `json:"name_b64,omitempty"`
+	Value    string `json:"value"`
+	ValueB64 string `json:"value_b64,omitempty"`
+}
+
+func needsBase64(s string) bool {
+	return !utf8.ValidString(s) || strings.ContainsRune(s, 0)
+}
+
+// EncodeHeaders returns the JSON array stored for hs ("[]" when empty).
+func EncodeHeaders(hs []state.Header) ([]byte, error) {
+	out := make([]header, 0, len(hs))
+	for _, h := range hs {
+		var e header
+		if needsBase64(h.Name) {
+			e.NameB64 = base64.StdEncoding.EncodeToString([]byte(h.Name))
+		} else {
+			e.Name = h.Name
+		}
+		if needsBase64(h.Value) {
+			e.ValueB64 = base64.StdEncoding.EncodeToString([]byte(h.Value))
+		} else {
+			e.Value = h.Value
+		}
+		out = append(out, e)
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, fmt.Errorf("failed to encode headers: %w", err)
+	}
+	return b, nil
+}
+
+// DecodeHeaders reverses EncodeHeaders. An empty input or an empty array
+// gives nil.
+func DecodeHeaders(b []byte) ([]state.Header, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	var in []header
+	if err := json.Unmarshal(b, &in); err != nil {
+		return nil, fmt.Errorf("failed to decode headers: %w", err)
+	}
+	if len(in) == 0 {
+		return nil, nil
+	}
+	hs := make([]state.Header, 0, len(in))
+	for _, e := range in {
+		h := state.Header{Name: e.Name, Value: e.Value}
+		if e.NameB64 != "" {
+			n, err := base64.StdEncoding.DecodeString(e.NameB64)
+			if err != nil {
+				return nil, fmt.Errorf("failed to decode header name: %w", err)
+			}
+			h.Name = string(n)
+		}
+		if e.ValueB64 != "" {
+			v, err := base64.StdEncoding.DecodeString(e.ValueB64)
+			if err != nil {
+				return nil, fmt.Errorf("failed to decode header value: %w", err)
+			}
+			h.Value = string(v)
+		}
+		hs = append(hs, h)
+	}
+	return hs, nil
+}
