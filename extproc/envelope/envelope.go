@@ -295,6 +295,10 @@ type Extra struct {
 	HasResult bool
 	// ResultStatus is the original HTTP status (status route only).
 	ResultStatus int
+	// Detail says what exactly was wrong with the request (invalid_json,
+	// invalid_params): the position of a syntax error or the param path.
+	// It only ever echoes the caller's own input.
+	Detail string
 }
 
 // Rendered is one envelope ready to send.
@@ -327,6 +331,10 @@ func (s *Set) Render(m Message, traceID string, originalStatus int, x Extra) Ren
 			b = appendString(b, f)
 		}
 		b = append(b, ']')
+	}
+	if x.Detail != "" {
+		b = append(b, `,"detail":`...)
+		b = appendString(b, x.Detail)
 	}
 	if x.HasResult {
 		b = append(b, `,"result_ref":`...)
