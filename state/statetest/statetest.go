@@ -742,13 +742,22 @@ func (s *suite) invalidArguments(t *testing.T, st state.Store) {
 		name string
 		call func() error
 	}{
-		{"short key", func() error { _, err := st.Acquire(ctx, bad(base, func(r *state.AcquireRequest) { r.Key = "abc" })); return err }},
+		{"short key", func() error {
+			_, err := st.Acquire(ctx, bad(base, func(r *state.AcquireRequest) { r.Key = "abc" }))
+			return err
+		}},
 		{"upper-case key", func() error {
 			_, err := st.Acquire(ctx, bad(base, func(r *state.AcquireRequest) { r.Key = "ABCDEF0123456789ABCDEF0123456789" }))
 			return err
 		}},
-		{"no owner", func() error { _, err := st.Acquire(ctx, bad(base, func(r *state.AcquireRequest) { r.Owner = "" })); return err }},
-		{"no lease", func() error { _, err := st.Acquire(ctx, bad(base, func(r *state.AcquireRequest) { r.Lease = 0 })); return err }},
+		{"no owner", func() error {
+			_, err := st.Acquire(ctx, bad(base, func(r *state.AcquireRequest) { r.Owner = "" }))
+			return err
+		}},
+		{"no lease", func() error {
+			_, err := st.Acquire(ctx, bad(base, func(r *state.AcquireRequest) { r.Lease = 0 }))
+			return err
+		}},
 		{"no retention", func() error {
 			_, err := st.Acquire(ctx, bad(base, func(r *state.AcquireRequest) { r.Retention = 0 }))
 			return err

@@ -1,0 +1,13 @@
+-- KEYS[1] record key
+-- ARGV: owner, fence
+local key = KEYS[1]
+local now = now_us()
+local h = redis.call('HMGET', key, 'state', 'owner', 'fence')
+if not h[1] then
+  return reply('NOT_OWNER', nil, now)
+end
+if h[1] ~= 'IN_FLIGHT' or h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then
+  return reply('NOT_OWNER', key, now)
+end
+redis.call('HSET', key, 'lease_until_us', fmt(now), 'updated_at_us', fmt(now))
+return reply('OK', key, now)

@@ -1,0 +1,562 @@
+// Package redis is the Redis backend: the fast path of the tiered store, or
+// a store of its own where losing records on a Redis failover is acceptable.
+//
+// Design choices:
+//   - One go-redis UniversalClient for single, sentinel and cluster mode, so
+//     the rest of the code never knows which one it talks to.
+//   - Every operation is one Lua script on one key, so each decision is
+//     atomic on the server (never SETNX plus separate commands). Keys are
+//     <prefix>{<nonce>}: the hash tag keeps a record on one cluster slot and
+//     leaves room for more keys per record later without cross-slot scripts.
+//   - Scripts live in .lua files embedded with go:embed, each prefixed with
+//     the shared lib.lua, wrapped once in goredis.NewScript and run with
+//     Run (EVALSHA, EVAL when the server answers NOSCRIPT). LoadScripts
+//     loads them ahead of traffic (on every cluster shard) for readiness.
+//   - Time comes from Redis TIME inside the scripts, never from the client:
+//     lease_until and LeaseExpired are judged by one clock for every gateway
+//     instance, whatever their own clocks say.
+//   - The record is a Redis hash holding the result's status, its headers as
+//     JSON (state/internal/codec, lossless for any bytes) and the raw body
+//     bytes, so a replay is byte-identical.
+//   - The key's TTL is the record's retention (PEXPIREAT in the same script
+//     that writes it), so Redis forgets records on its own and Sweep has
+//     nothing to do.
+//   - go-redis retries are switched off (MaxRetries -1): a script whose
+//     reply was lost may already have run, and running Acquire or Takeover
+//     again would answer IN_FLIGHT to the caller that just won. A failure is
+//     reported instead; the tiered store then asks PostgreSQL. Dial retries
+//     are cut to one attempt for the same reason a dead Redis must fail
+//     fast: the tiered store's circuit breaker does the retrying, once per
+//     cool-down, instead of every request paying for backoff.
+//   - ContextTimeoutEnabled is on, so the caller's deadline (the tiered
+//     store's short Redis timeout) bounds socket reads too, instead of the
+//     seconds-long ReadTimeout.
+//   - Every script answers one shape, {outcome, now_us, field, value, ...},
+//     decoded by one function with checked type assertions: an unexpected
+//     reply is an error, never a panic.
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/state"
+	"github.com/idemgate/idemgate/state/internal/codec"
+)
+
+// DefaultKeyPrefix prefixes every key unless Options.KeyPrefix says otherwise.
+const DefaultKeyPrefix = "idem:"
+
+// Modes accepted by Options.Mode.
+const (
+	ModeSingle   = "single"
+	ModeCluster  = "cluster"
+	ModeSentinel = "sentinel"
+)
+
+// Options configures a connection. Zero values take go-redis defaults,
+// except where noted.
+type Options struct {
+	Addrs []string
+	// Mode is single (default), cluster or sentinel.
+	Mode string
+	// MasterName names the monitored master in sentinel mode.
+	MasterName string
+	Username   string
+	Password   string
+	// DB selects a database in single and sentinel mode; cluster has only 0.
+	DB        int
+	KeyPrefix string
+	PoolSize  int
+	// DialTimeout, ReadTimeout and WriteTimeout bound the socket; the
+	// caller's context deadline bounds each call as well.
+	DialTimeout  time.Duration
+	ReadTimeout  time.Duration
+	WriteTimeout time.Duration
+}
+
+// Store is a Redis state.Store.
+type Store struct {
+	c          goredis.UniversalClient
+	prefix     string
+	ownsClient bool
+}
+
+var _ state.Store = (*Store)(nil)
+
+var (
+	//go:embed lua/lib.lua
+	libLua string
+	//go:embed lua/acquire.lua
+	acquireLua string
+	//go:embed lua/complete.lua
+	completeLua string
+	//go:embed lua/release.lua
+	releaseLua string
+	//go:embed lua/mark_unknown.lua
+	markUnknownLua string
+	//go:embed lua/takeover.lua
+	takeoverLua string
+	//go:embed lua/resolve.lua
+	resolveLua string
+	//go:embed lua/get.lua
+	getLua string
+	//go:embed lua/repair.lua
+	repairLua string
+	//go:embed lua/forget.lua
+	forgetLua string
+)
+
+func script(body string) *goredis.Script { return goredis.NewScript(libLua + "\n" + body) }
+
+var (
+	acquireScript     = script(acquireLua)
+	completeScript    = script(completeLua)
+	releaseScript     = script(releaseLua)
+	markUnknownScript = script(markUnknownLua)
+	takeoverScript    = script(takeoverLua)
+	resolveScript     = script(resolveLua)
+	getScript         = script(getLua)
+	repairScript      = script(repairLua)
+	forgetScript      = script(forgetLua)
+	allScripts        = []*goredis.Script{
+		acquireScript, completeScript, releaseScript, markUnknownScript, takeoverScript,
+		resolveScript, getScript, repairScript, forgetScript,
+	}
+)
+
+// New builds a client from opts. It does not contact Redis: a store that is
+// down at start must not stop the server (call Ping or LoadScripts for
+// readiness).
+func New(opts Options) (*Store, error) {
+	if len(opts.Addrs) == 0 {
+		return nil, fmt.Errorf("%w: redis needs at least one address", state.ErrInvalidArgument)
+	}
+	u := &goredis.UniversalOptions{
+		Addrs:                 opts.Addrs,
+		Username:              opts.Username,
+		Password:              opts.Password,
+		PoolSize:              opts.PoolSize,
+		DialTimeout:           opts.DialTimeout,
+		ReadTimeout:           opts.ReadTimeout,
+		WriteTimeout:          opts.WriteTimeout,
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		ContextTimeoutEnabled: true,
+	}
+	switch opts.Mode {
+	case "", ModeSingle:
+		if len(opts.Addrs) != 1 {
+			return nil, fmt.Errorf("%w: redis single mode takes exactly one address, got %d", state.ErrInvalidArgument, len(opts.Addrs))
+		}
+		u.DB = opts.DB
+	case ModeCluster:
+		if opts.DB != 0 {
+			return nil, fmt.Errorf("%w: redis cluster mode has only database 0", state.ErrInvalidArgument)
+		}
+		u.IsClusterMode = true
+	case ModeSentinel:
+		if opts.MasterName == "" {
+			return nil, fmt.Errorf("%w: redis sentinel mode needs a master name", state.ErrInvalidArgument)
+		}
+		u.MasterName = opts.MasterName
+		u.DB = opts.DB
+	default:
+		return nil, fmt.Errorf("%w: unknown redis mode %q (single, cluster or sentinel)", state.ErrInvalidArgument, opts.Mode)
+	}
+	s := NewFromClient(goredis.NewUniversalClient(u), opts.KeyPrefix)
+	s.ownsClient = true
+	return s, nil
+}
+
+// NewFromClient wraps an existing client (tests, or a server sharing one
+// pool). Close leaves a borrowed client open. The client should have
+// MaxRetries -1 and ContextTimeoutEnabled, for the reasons in the package
+// doc.
+func NewFromClient(c goredis.UniversalClient, keyPrefix string) *Store {
+	if keyPrefix == "" {
+		keyPrefix = DefaultKeyPrefix
+	}
+	return &Store{c: c, prefix: keyPrefix}
+}
+
+// Client returns the underlying client.
+func (s *Store) Client() goredis.UniversalClient { return s.c }
+
+// Key returns the Redis key of a nonce.
+func (s *Store) Key(nonce string) string { return s.prefix + "{" + nonce + "}" }
+
+// LoadScripts loads every script into the server's script cache (every
+// shard in cluster mode), so the first real call is an EVALSHA hit.
+func (s *Store) LoadScripts(ctx context.Context) error {
+	for _, sc := range allScripts {
+		if err := sc.Load(ctx, s.c).Err(); err != nil {
+			return state.Unavailable("load redis scripts", err)
+		}
+	}
+	return nil
+}
+
+func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key string, args ...any) (reply, error) {
+	v, err := sc.Run(ctx, s.c, []string{s.Key(key)}, args...).Result()
+	if err != nil {
+		return reply{}, state.Unavailable(op, err)
+	}
+	r, err := decodeReply(v)
+	if err != nil {
+		return reply{}, fmt.Errorf("failed to %s: %w", op, err)
+	}
+	if r.found {
+		r.record.Key = key
+	}
+	return r, nil
+}
+
+func micros(d time.Duration) string { return strconv.FormatInt(state.DurationMicros(d), 10) }
+
+func fence(f int64) string { return strconv.FormatInt(f, 10) }
+
+// answer turns a reply into an Answer, checking that the script said one of
+// the outcomes this call may produce.
+func answer(r reply, allowed ...state.Outcome) (state.Answer, error) {
+	for _, o := range allowed {
+		if r.outcome == string(o) {
+			return state.Answer{Outcome: o, Record: r.record}, nil
+		}
+	}
+	return state.Answer{}, fmt.Errorf("%w: unexpected outcome %q", errBadReply, r.outcome)
+}
+
+// Acquire implements state.Store.
+func (s *Store) Acquire(ctx context.Context, req state.AcquireRequest) (state.Answer, error) {
+	if err := req.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	r, err := s.run(ctx, "acquire in redis", acquireScript, req.Key,
+		req.ParamHash, req.Owner, micros(req.Lease), micros(req.Retention), req.Scope, req.SubjectTag)
+	if err != nil {
+		return state.Answer{}, err
+	}
+	return answer(r, state.OutcomeAcquired, state.OutcomeParamMismatch, state.OutcomeDone,
+		state.OutcomeFailed, state.OutcomeUnknown, state.OutcomeInFlight)
+}
+
+func resultArgs(c state.Completion) ([]any, error) {
+	hs, err := codec.EncodeHeaders(c.Result.Headers)
+	if err != nil {
+		return nil, err
+	}
+	body := c.Result.Body
+	if body == nil {
+		body = []byte{}
+	}
+	return []any{string(c.State), strconv.Itoa(c.Result.Status), hs, body, micros(c.Retention)}, nil
+}
+
+// Complete implements state.Store.
+func (s *Store) Complete(ctx context.Context, claim state.Claim, c state.Completion) (state.Answer, error) {
+	if err := claim.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	res, err := resultArgs(c)
+	if err != nil {
+		return state.Answer{}, err
+	}
+	args := append([]any{claim.Owner, fence(claim.Fence)}, res...)
+	r, err := s.run(ctx, "complete in redis", completeScript, claim.Key, args...)
+	if err != nil {
+		return state.Answer{}, err
+	}
+	return answer(r, state.OutcomeOK, state.OutcomeNotOwner)
+}
+
+// Release implements state.Store.
+func (s *Store) Release(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	if err := claim.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	r, err := s.run(ctx, "release in redis", releaseScript, claim.Key, claim.Owner, fence(claim.Fence))
+	if err != nil {
+		return state.Answer{}, err
+	}
+	return answer(r, state.OutcomeOK, state.OutcomeNotOwner)
+}
+
+// MarkUnknown implements state.Store.
+func (s *Store) MarkUnknown(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	if err := claim.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	r, err := s.run(ctx, "mark unknown in redis", markUnknownScript, claim.Key, claim.Owner, fence(claim.Fence))
+	if err != nil {
+		return state.Answer{}, err
+	}
+	return answer(r, state.OutcomeOK, state.OutcomeNotOwner, state.OutcomeNotFound)
+}
+
+// Takeover implements state.Store.
+func (s *Store) Takeover(ctx context.Context, req state.TakeoverRequest) (state.Answer, error) {
+	if err := req.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	r, err := s.run(ctx, "take over in redis", takeoverScript, req.Key, req.NewOwner, fence(req.Fence), micros(req.Lease))
+	if err != nil {
+		return state.Answer{}, err
+	}
+	return answer(r, state.OutcomeAcquired, state.OutcomeNotFound, state.OutcomeDone,
+		state.OutcomeFailed, state.OutcomeUnknown, state.OutcomeInFlight)
+}
+
+// Get implements state.Store.
+func (s *Store) Get(ctx context.Context, key string) (state.Record, bool, error) {
+	if err := state.ValidKey(key); err != nil {
+		return state.Record{}, false, err
+	}
+	r, err := s.run(ctx, "get from redis", getScript, key)
+	if err != nil {
+		return state.Record{}, false, err
+	}
+	switch r.outcome {
+	case "FOUND":
+		return r.record, true, nil
+	case string(state.OutcomeNotFound):
+		return state.Record{}, false, nil
+	}
+	return state.Record{}, false, fmt.Errorf("failed to get from redis: %w: unexpected outcome %q", errBadReply, r.outcome)
+}
+
+// Resolve implements state.Store.
+func (s *Store) Resolve(ctx context.Context, key string, c state.Completion) (state.Answer, error) {
+	if err := state.ValidKey(key); err != nil {
+		return state.Answer{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	args, err := resultArgs(c)
+	if err != nil {
+		return state.Answer{}, err
+	}
+	r, err := s.run(ctx, "resolve in redis", resolveScript, key, args...)
+	if err != nil {
+		return state.Answer{}, err
+	}
+	return answer(r, state.OutcomeOK, state.OutcomeNotOwner, state.OutcomeNotFound)
+}
+
+// Sweep does nothing: Redis expires keys itself (their TTL is the
+// retention). It still honours the context like every call.
+func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, state.Unavailable("sweep redis", err)
+	}
+	return 0, nil
+}
+
+// Ping implements state.Store.
+func (s *Store) Ping(ctx context.Context) error {
+	return state.Unavailable("ping redis", s.c.Ping(ctx).Err())
+}
+
+// Close closes the client unless it was borrowed (NewFromClient).
+func (s *Store) Close() error {
+	if !s.ownsClient {
+		return nil
+	}
+	return s.c.Close()
+}
+
+// Repair overwrites the key with rec, a record copied from PostgreSQL, and
+// lets it live for ttl. A terminal record in Redis is never replaced by a
+// non-terminal one (see repair.lua); applied is false then.
+func (s *Store) Repair(ctx context.Context, rec state.Record, ttl time.Duration) (applied bool, err error) {
+	if err := state.ValidKey(rec.Key); err != nil {
+		return false, err
+	}
+	if ttl <= 0 {
+		return false, fmt.Errorf("%w: repair ttl must be positive", state.ErrInvalidArgument)
+	}
+	ttlMS := int64(ttl / time.Millisecond)
+	if ttlMS == 0 {
+		ttlMS = 1
+	}
+	args := []any{strconv.FormatInt(ttlMS, 10),
+		"state", string(rec.State),
+		"param_hash", rec.ParamHash,
+		"scope", rec.Scope,
+		"subject_tag", rec.SubjectTag,
+		"owner", rec.Owner,
+		"fence", fence(rec.Fence),
+		"lease_until_us", strconv.FormatInt(rec.LeaseUntil.UnixMicro(), 10),
+		"created_at_us", strconv.FormatInt(rec.CreatedAt.UnixMicro(), 10),
+		"updated_at_us", strconv.FormatInt(rec.UpdatedAt.UnixMicro(), 10),
+		"expires_at_us", strconv.FormatInt(rec.ExpiresAt.UnixMicro(), 10),
+	}
+	if rec.Result != nil {
+		hs, err := codec.EncodeHeaders(rec.Result.Headers)
+		if err != nil {
+			return false, err
+		}
+		body := rec.Result.Body
+		if body == nil {
+			body = []byte{}
+		}
+		args = append(args, "result_status", strconv.Itoa(rec.Result.Status), "result_headers", hs, "result_body", body)
+	}
+	r, err := s.run(ctx, "repair redis", repairScript, rec.Key, args...)
+	if err != nil {
+		return false, err
+	}
+	switch r.outcome {
+	case "OK":
+		return true, nil
+	case "KEPT":
+		return false, nil
+	}
+	return false, fmt.Errorf("failed to repair redis: %w: unexpected outcome %q", errBadReply, r.outcome)
+}
+
+// Forget deletes the key only while it is still claim's IN_FLIGHT record,
+// releasing a Redis claim that PostgreSQL never confirmed. deleted is false
+// when the key was absent or belongs to someone else.
+func (s *Store) Forget(ctx context.Context, claim state.Claim) (deleted bool, err error) {
+	if err := claim.Validate(); err != nil {
+		return false, err
+	}
+	r, err := s.run(ctx, "forget in redis", forgetScript, claim.Key, claim.Owner, fence(claim.Fence))
+	if err != nil {
+		return false, err
+	}
+	switch r.outcome {
+	case "OK":
+		return true, nil
+	case string(state.OutcomeNotOwner), string(state.OutcomeNotFound):
+		return false, nil
+	}
+	return false, fmt.Errorf("failed to forget in redis: %w: unexpected outcome %q", errBadReply, r.outcome)
+}
+
+// errBadReply marks a script reply this code does not understand (a script
+// and its decoder out of step, or a foreign value under our key).
+var errBadReply = errors.New("unexpected redis script reply")
+
+// reply is a decoded script answer.
+type reply struct {
+	outcome string
+	found   bool
+	record  state.Record
+}
+
+// decodeReply is the one place that looks inside a script reply. Every type
+// assertion is checked.
+func decodeReply(v any) (reply, error) {
+	arr, ok := v.([]any)
+	if !ok {
+		return reply{}, fmt.Errorf("%w: %T instead of an array", errBadReply, v)
+	}
+	if len(arr) < 2 || len(arr)%2 != 0 {
+		return reply{}, fmt.Errorf("%w: array of %d elements", errBadReply, len(arr))
+	}
+	outcome, ok := arr[0].(string)
+	if !ok {
+		return reply{}, fmt.Errorf("%w: outcome is %T", errBadReply, arr[0])
+	}
+	nowStr, ok := arr[1].(string)
+	if !ok {
+		return reply{}, fmt.Errorf("%w: clock is %T", errBadReply, arr[1])
+	}
+	nowUS, err := strconv.ParseInt(nowStr, 10, 64)
+	if err != nil {
+		return reply{}, fmt.Errorf("%w: clock %q", errBadReply, nowStr)
+	}
+	r := reply{outcome: outcome}
+	if len(arr) == 2 {
+		return r, nil
+	}
+	fields := make(map[string]string, (len(arr)-2)/2)
+	for i := 2; i < len(arr); i += 2 {
+		k, ok1 := arr[i].(string)
+		val, ok2 := arr[i+1].(string)
+		if !ok1 || !ok2 {
+			return reply{}, fmt.Errorf("%w: field pair of %T and %T", errBadReply, arr[i], arr[i+1])
+		}
+		fields[k] = val
+	}
+	rec, err := decodeRecord(fields, nowUS)
+	if err != nil {
+		return reply{}, err
+	}
+	r.found = true
+	r.record = rec
+	return r, nil
+}
+
+func decodeRecord(f map[string]string, nowUS int64) (state.Record, error) {
+	var missing []string
+	get := func(name string) string {
+		v, ok := f[name]
+		if !ok {
+			missing = append(missing, name)
+		}
+		return v
+	}
+	rec := state.Record{
+		State:      state.State(get("state")),
+		ParamHash:  get("param_hash"),
+		Scope:      get("scope"),
+		SubjectTag: get("subject_tag"),
+		Owner:      get("owner"),
+	}
+	fenceStr := get("fence")
+	lu, ca, ua, ea := get("lease_until_us"), get("created_at_us"), get("updated_at_us"), get("expires_at_us")
+	if len(missing) > 0 {
+		return state.Record{}, fmt.Errorf("%w: record lacks %s", errBadReply, strings.Join(missing, ", "))
+	}
+	switch rec.State {
+	case state.StateInFlight, state.StateDone, state.StateFailed, state.StateUnknown:
+	default:
+		return state.Record{}, fmt.Errorf("%w: unknown state %q", errBadReply, rec.State)
+	}
+	var err error
+	if rec.Fence, err = strconv.ParseInt(fenceStr, 10, 64); err != nil {
+		return state.Record{}, fmt.Errorf("%w: fence %q", errBadReply, fenceStr)
+	}
+	times := []struct {
+		s   string
+		dst *time.Time
+	}{{lu, &rec.LeaseUntil}, {ca, &rec.CreatedAt}, {ua, &rec.UpdatedAt}, {ea, &rec.ExpiresAt}}
+	for _, tm := range times {
+		us, err := strconv.ParseInt(tm.s, 10, 64)
+		if err != nil {
+			return state.Record{}, fmt.Errorf("%w: timestamp %q", errBadReply, tm.s)
+		}
+		*tm.dst = time.UnixMicro(us).UTC()
+	}
+	rec.LeaseExpired = rec.LeaseUntil.UnixMicro() <= nowUS
+	if st, ok := f["result_status"]; ok {
+		status, err := strconv.Atoi(st)
+		if err != nil {
+			return state.Record{}, fmt.Errorf("%w: result status %q", errBadReply, st)
+		}
+		hs, err := codec.DecodeHeaders([]byte(f["result_headers"]))
+		if err != nil {
+			return state.Record{}, fmt.Errorf("%w: %w", errBadReply, err)
+		}
+		res := &state.Result{Status: status, Headers: hs}
+		if b := f["result_body"]; len(b) > 0 {
+			res.Body = []byte(b)
+		}
+		rec.Result = res
+	}
+	return rec, nil
+}
