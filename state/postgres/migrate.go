@@ -1,0 +1,163 @@
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemgate/idemgate/state"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// migrationLockID is the pg_advisory_lock key that serialises migrations
+// ("idemgate" in ASCII), so replicas starting together apply each file once.
+const migrationLockID int64 = 0x6964656d67617465
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations returns the embedded files ordered by their numeric prefix
+// (0001_name.sql).
+func migrations() ([]migration, error) {
+	entries, err := fs.ReadDir(migrationFiles, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("failed to read embedded migrations: %w", err)
+	}
+	var out []migration
+	seen := map[int]string{}
+	for _, e := range entries {
+		name := e.Name()
+		prefix, _, ok := strings.Cut(name, "_")
+		if !ok || !strings.HasSuffix(name, ".sql") {
+			return nil, fmt.Errorf("migration %q is not named NNNN_name.sql", name)
+		}
+		v, err := strconv.Atoi(prefix)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("migration %q has no positive version prefix", name)
+		}
+		if other, dup := seen[v]; dup {
+			return nil, fmt.Errorf("migrations %q and %q share version %d", other, name, v)
+		}
+		seen[v] = name
+		b, err := migrationFiles.ReadFile(path.Join("migrations", name))
+		if err != nil {
+			return nil, fmt.Errorf("failed to read migration %q: %w", name, err)
+		}
+		out = append(out, migration{version: v, name: name, sql: string(b)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out, nil
+}
+
+// Migrate applies every embedded migration not yet recorded in
+// schema_migrations, each in its own transaction, while holding a
+// session advisory lock so that concurrent callers (replicas starting at
+// once, `idemgate migrate` beside `serve`) apply each file exactly once.
+// It uses its own connection, closed on return, which also drops the lock
+// whatever happens.
+func Migrate(ctx context.Context, dsn string) error {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return fmt.Errorf("%w: failed to parse postgres dsn: %w", state.ErrInvalidArgument, err)
+	}
+	return migrateWith(ctx, cfg)
+}
+
+func migrateWith(ctx context.Context, cfg *pgx.ConnConfig) error {
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return state.Unavailable("connect to postgres for migrations", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return migrate(ctx, conn)
+}
+
+func migrate(ctx context.Context, conn *pgx.Conn) error {
+	all, err := migrations()
+	if err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrationLockID); err != nil {
+		return state.Unavailable("take the migration lock", err)
+	}
+	// Closing the connection (deferred by the caller) would also release
+	// the lock; unlocking here keeps the session clean when it succeeds.
+	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migrationLockID) }()
+
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    int         PRIMARY KEY,
+		name       text        NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now()
+	)`); err != nil {
+		return state.Unavailable("create schema_migrations", err)
+	}
+	applied := map[int]bool{}
+	rows, err := conn.Query(ctx, "SELECT version FROM schema_migrations")
+	if err != nil {
+		return state.Unavailable("read schema_migrations", err)
+	}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return state.Unavailable("read schema_migrations", err)
+		}
+		applied[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return state.Unavailable("read schema_migrations", err)
+	}
+	for _, m := range all {
+		if applied[m.version] {
+			continue
+		}
+		if err := apply(ctx, conn, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func apply(ctx context.Context, conn *pgx.Conn, m migration) (err error) {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return state.Unavailable("begin migration "+m.name, err)
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, ignoreClosed(tx.Rollback(context.WithoutCancel(ctx))))
+		}
+	}()
+	// No arguments: pgx sends the file with the simple protocol, which
+	// allows several statements.
+	if _, err := tx.Exec(ctx, m.sql); err != nil {
+		return fmt.Errorf("failed to apply migration %s: %w", m.name, err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name); err != nil {
+		return fmt.Errorf("failed to record migration %s: %w", m.name, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return state.Unavailable("commit migration "+m.name, err)
+	}
+	return nil
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return nil
+	}
+	return err
+}

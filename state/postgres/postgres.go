@@ -1,0 +1,464 @@
+// Package postgres is the PostgreSQL backend: the system of record. On its
+// own it is a complete, slower store; under state/tiered it is the truth
+// behind the Redis fast path.
+//
+// Design choices:
+//   - Acquire is INSERT … ON CONFLICT DO NOTHING and a read of the existing
+//     row in one statement (a CTE). The primary key, not any read-then-write
+//     logic, guarantees one owner. When a concurrent insert committed after
+//     the statement's snapshot was taken, neither half returns a row; a
+//     second, fresh SELECT then reads the winner (rare: only under races).
+//   - Every state change is one UPDATE whose WHERE clause holds the whole
+//     rule (owner, fence, state, lease), so PostgreSQL's row lock decides
+//     races: of many takeovers of one expired lease exactly one matches. When
+//     it matches nothing, a fresh SELECT says why.
+//   - Time is the database's now(): lease_until, LeaseExpired and expiry are
+//     judged by one clock for all gateway replicas.
+//   - idem_key is char(32) and every query compares it with $1::char(32): a
+//     text parameter would compare as text and skip the primary-key index
+//     (measured ~15x slower); a test EXPLAINs the lookup to keep it so.
+//   - Unresolved records (IN_FLIGHT, UNKNOWN) are never swept: they wait for
+//     a person (`idemgate ops list/resolve`). Sweep deletes only terminal
+//     records past expires_at, in bounded batches with FOR UPDATE SKIP LOCKED
+//     so several replicas can sweep at once without blocking each other or
+//     the request path.
+//   - The pool is small on purpose (default MaxConns 10, MinConns 2): every
+//     call is one short statement holding a connection for about a round
+//     trip, so a few connections serve thousands of calls per second, while
+//     each server connection costs PostgreSQL several MB and every gateway
+//     replica brings its own pool. MinConns keeps warm connections so the
+//     first confirm after a quiet spell does not pay TCP+TLS+auth inside its
+//     store deadline. Raise MaxConns only when pool waits show up in the
+//     store latency metric.
+//   - pgx's statement cache (the default exec mode) prepares each query once
+//     per connection. Behind PgBouncer in transaction mode set
+//     default_query_exec_mode=exec in the DSN.
+//   - Backend failures are wrapped with state.ErrUnavailable; outcomes are
+//     values.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgate/idemgate/state"
+	"github.com/idemgate/idemgate/state/internal/codec"
+)
+
+// Pool defaults; see the package doc for why they are small.
+const (
+	DefaultMaxConns = 10
+	DefaultMinConns = 2
+)
+
+// Options configures the pool.
+type Options struct {
+	// DSN is a libpq URL or keyword string (connect_timeout, sslmode,
+	// application_name … are read from it).
+	DSN string
+	// MaxConns caps the pool (default 10).
+	MaxConns int32
+	// MinConns is kept open and warm (default 2).
+	MinConns int32
+	// MaxConnLifetime recycles connections (default: pgx's hour), so a
+	// failover or DNS change is picked up.
+	MaxConnLifetime time.Duration
+	// MaxConnIdleTime closes idle connections above MinConns (default:
+	// pgx's 30 minutes).
+	MaxConnIdleTime time.Duration
+	// HealthCheckPeriod checks idle connections (default: pgx's minute).
+	HealthCheckPeriod time.Duration
+}
+
+// Store is a PostgreSQL state.Store.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+var _ state.Store = (*Store)(nil)
+
+// New creates the pool. It does not wait for PostgreSQL: a database that is
+// down at start must not stop the server (Ping reports readiness; the pool
+// connects when it can).
+func New(ctx context.Context, opts Options) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(opts.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("%w: failed to parse postgres dsn: %w", state.ErrInvalidArgument, err)
+	}
+	cfg.MaxConns = DefaultMaxConns
+	if opts.MaxConns > 0 {
+		cfg.MaxConns = opts.MaxConns
+	}
+	cfg.MinConns = DefaultMinConns
+	if opts.MinConns > 0 {
+		cfg.MinConns = opts.MinConns
+	}
+	if cfg.MinConns > cfg.MaxConns {
+		cfg.MinConns = cfg.MaxConns
+	}
+	if opts.MaxConnLifetime > 0 {
+		cfg.MaxConnLifetime = opts.MaxConnLifetime
+	}
+	if opts.MaxConnIdleTime > 0 {
+		cfg.MaxConnIdleTime = opts.MaxConnIdleTime
+	}
+	if opts.HealthCheckPeriod > 0 {
+		cfg.HealthCheckPeriod = opts.HealthCheckPeriod
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, state.Unavailable("create postgres pool", err)
+	}
+	return &Store{pool: pool}, nil
+}
+
+// Pool returns the underlying pool (for tests and diagnostics).
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Migrate applies the embedded migrations over a dedicated connection with
+// the pool's settings (see the package-level Migrate).
+func (s *Store) Migrate(ctx context.Context) error {
+	return migrateWith(ctx, s.pool.Config().ConnConfig.Copy())
+}
+
+// recordCols is the select list every query returns: the stored columns and
+// LeaseExpired judged by the database clock.
+const recordCols = `idem_key, scope, subject_tag, param_hash, state, owner, fence, lease_until,
+	result_status, result_headers, result_body, created_at, updated_at, expires_at,
+	lease_until <= now() AS lease_expired`
+
+const returningCols = `idem_key, scope, subject_tag, param_hash, state, owner, fence, lease_until,
+	result_status, result_headers, result_body, created_at, updated_at, expires_at`
+
+// micro turns a bigint parameter of microseconds into an interval.
+const micro = `* interval '1 microsecond'`
+
+const (
+	selectSQL = `SELECT ` + recordCols + ` FROM idempotency_record WHERE idem_key = $1::char(32)`
+
+	acquireSQL = `WITH ins AS (
+	INSERT INTO idempotency_record (idem_key, scope, subject_tag, param_hash, state, owner, fence,
+		lease_until, created_at, updated_at, expires_at)
+	VALUES ($1::char(32), $2, $3, $4, 'IN_FLIGHT', $5, 1,
+		now() + $6::bigint ` + micro + `, now(), now(),
+		greatest(now() + $7::bigint ` + micro + `, now() + $6::bigint ` + micro + `))
+	ON CONFLICT (idem_key) DO NOTHING
+	RETURNING ` + returningCols + `
+)
+SELECT true AS inserted, ` + recordCols + ` FROM ins
+UNION ALL
+SELECT false AS inserted, ` + recordCols + ` FROM idempotency_record WHERE idem_key = $1::char(32)`
+
+	completeSQL = `UPDATE idempotency_record
+SET state = $4, result_status = $5, result_headers = $6::jsonb, result_body = $7,
+	updated_at = now(), expires_at = now() + $8::bigint ` + micro + `
+WHERE idem_key = $1::char(32) AND owner = $2 AND fence = $3 AND state IN ('IN_FLIGHT', 'UNKNOWN')
+RETURNING ` + recordCols
+
+	releaseSQL = `UPDATE idempotency_record
+SET lease_until = now(), updated_at = now()
+WHERE idem_key = $1::char(32) AND owner = $2 AND fence = $3 AND state = 'IN_FLIGHT'
+RETURNING ` + recordCols
+
+	markUnknownSQL = `UPDATE idempotency_record
+SET state = 'UNKNOWN', updated_at = now()
+WHERE idem_key = $1::char(32) AND fence = $3 AND state = 'IN_FLIGHT'
+	AND (owner = $2 OR lease_until <= now())
+RETURNING ` + recordCols
+
+	takeoverSQL = `UPDATE idempotency_record
+SET owner = $2, fence = fence + 1, lease_until = now() + $4::bigint ` + micro + `, updated_at = now(),
+	expires_at = greatest(expires_at, now() + $4::bigint ` + micro + `)
+WHERE idem_key = $1::char(32) AND fence = $3 AND state = 'IN_FLIGHT' AND lease_until <= now()
+RETURNING ` + recordCols
+
+	resolveSQL = `UPDATE idempotency_record
+SET state = $2, result_status = $3, result_headers = $4::jsonb, result_body = $5,
+	updated_at = now(), expires_at = now() + $6::bigint ` + micro + `
+WHERE idem_key = $1::char(32) AND state IN ('IN_FLIGHT', 'UNKNOWN')
+RETURNING ` + recordCols
+
+	sweepSQL = `DELETE FROM idempotency_record WHERE idem_key IN (
+	SELECT idem_key FROM idempotency_record
+	WHERE state IN ('DONE', 'FAILED') AND expires_at <= now()
+	ORDER BY expires_at
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED)`
+)
+
+// scanRecord reads one row of recordCols (after any leading columns in dst).
+func scanRecord(row pgx.Row, lead ...any) (state.Record, error) {
+	var (
+		rec     state.Record
+		st      string
+		status  *int32
+		headers []byte
+		body    []byte
+	)
+	dst := append(lead, &rec.Key, &rec.Scope, &rec.SubjectTag, &rec.ParamHash, &st, &rec.Owner, &rec.Fence,
+		&rec.LeaseUntil, &status, &headers, &body, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt, &rec.LeaseExpired)
+	if err := row.Scan(dst...); err != nil {
+		return state.Record{}, err
+	}
+	rec.State = state.State(st)
+	if status != nil {
+		hs, err := codec.DecodeHeaders(headers)
+		if err != nil {
+			return state.Record{}, err
+		}
+		res := &state.Result{Status: int(*status), Headers: hs}
+		if len(body) > 0 {
+			res.Body = body
+		}
+		rec.Result = res
+	}
+	return rec, nil
+}
+
+// get reads the record with a fresh statement (a fresh snapshot).
+func (s *Store) get(ctx context.Context, key string) (state.Record, bool, error) {
+	rec, err := scanRecord(s.pool.QueryRow(ctx, selectSQL, key))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return state.Record{}, false, nil
+	}
+	if err != nil {
+		return state.Record{}, false, err
+	}
+	return rec, true, nil
+}
+
+// update runs one conditional UPDATE … RETURNING. When it changed nothing
+// it reads the record to say why: absent gives ifAbsent, present gives
+// explain(record).
+func (s *Store) update(ctx context.Context, op, sql string, key string, ifAbsent state.Outcome,
+	explain func(state.Record) state.Outcome, success state.Outcome, args ...any) (state.Answer, error) {
+	rec, err := scanRecord(s.pool.QueryRow(ctx, sql, args...))
+	if err == nil {
+		return state.Answer{Outcome: success, Record: rec}, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return state.Answer{}, state.Unavailable(op, err)
+	}
+	rec, found, err := s.get(ctx, key)
+	if err != nil {
+		return state.Answer{}, state.Unavailable(op, err)
+	}
+	if !found {
+		return state.Answer{Outcome: ifAbsent}, nil
+	}
+	return state.Answer{Outcome: explain(rec), Record: rec}, nil
+}
+
+func notOwner(state.Record) state.Outcome { return state.OutcomeNotOwner }
+
+func stateOutcome(rec state.Record) state.Outcome { return state.OutcomeOf(rec.State) }
+
+func micros(d time.Duration) int64 { return state.DurationMicros(d) }
+
+// Acquire implements state.Store.
+func (s *Store) Acquire(ctx context.Context, req state.AcquireRequest) (state.Answer, error) {
+	if err := req.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	var inserted bool
+	rec, err := scanRecord(s.pool.QueryRow(ctx, acquireSQL, req.Key, req.Scope, req.SubjectTag, req.ParamHash,
+		req.Owner, micros(req.Lease), micros(req.Retention)), &inserted)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// A concurrent insert committed after this statement's snapshot:
+		// read the winner with a fresh one.
+		var found bool
+		rec, found, err = s.get(ctx, req.Key)
+		if err == nil && !found {
+			err = errors.New("record vanished between insert conflict and read")
+		}
+	}
+	if err != nil {
+		return state.Answer{}, state.Unavailable("acquire in postgres", err)
+	}
+	switch {
+	case inserted:
+		return state.Answer{Outcome: state.OutcomeAcquired, Record: rec}, nil
+	case rec.ParamHash != req.ParamHash:
+		return state.Answer{Outcome: state.OutcomeParamMismatch, Record: rec}, nil
+	default:
+		return state.Answer{Outcome: state.OutcomeOf(rec.State), Record: rec}, nil
+	}
+}
+
+func resultParams(c state.Completion) (status int32, headers string, body []byte, err error) {
+	hs, err := codec.EncodeHeaders(c.Result.Headers)
+	if err != nil {
+		return 0, "", nil, err
+	}
+	body = c.Result.Body
+	if body == nil {
+		body = []byte{}
+	}
+	return int32(c.Result.Status), string(hs), body, nil
+}
+
+// Complete implements state.Store.
+func (s *Store) Complete(ctx context.Context, claim state.Claim, c state.Completion) (state.Answer, error) {
+	if err := claim.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	status, headers, body, err := resultParams(c)
+	if err != nil {
+		return state.Answer{}, err
+	}
+	return s.update(ctx, "complete in postgres", completeSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
+		claim.Key, claim.Owner, claim.Fence, string(c.State), status, headers, body, micros(c.Retention))
+}
+
+// Release implements state.Store.
+func (s *Store) Release(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	if err := claim.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	return s.update(ctx, "release in postgres", releaseSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
+		claim.Key, claim.Owner, claim.Fence)
+}
+
+// MarkUnknown implements state.Store.
+func (s *Store) MarkUnknown(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	if err := claim.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	return s.update(ctx, "mark unknown in postgres", markUnknownSQL, claim.Key, state.OutcomeNotFound, notOwner, state.OutcomeOK,
+		claim.Key, claim.Owner, claim.Fence)
+}
+
+// Takeover implements state.Store.
+func (s *Store) Takeover(ctx context.Context, req state.TakeoverRequest) (state.Answer, error) {
+	if err := req.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	return s.update(ctx, "take over in postgres", takeoverSQL, req.Key, state.OutcomeNotFound, stateOutcome, state.OutcomeAcquired,
+		req.Key, req.NewOwner, req.Fence, micros(req.Lease))
+}
+
+// Get implements state.Store.
+func (s *Store) Get(ctx context.Context, key string) (state.Record, bool, error) {
+	if err := state.ValidKey(key); err != nil {
+		return state.Record{}, false, err
+	}
+	rec, found, err := s.get(ctx, key)
+	if err != nil {
+		return state.Record{}, false, state.Unavailable("get from postgres", err)
+	}
+	return rec, found, nil
+}
+
+// Resolve implements state.Store.
+func (s *Store) Resolve(ctx context.Context, key string, c state.Completion) (state.Answer, error) {
+	if err := state.ValidKey(key); err != nil {
+		return state.Answer{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	status, headers, body, err := resultParams(c)
+	if err != nil {
+		return state.Answer{}, err
+	}
+	return s.update(ctx, "resolve in postgres", resolveSQL, key, state.OutcomeNotFound, notOwner, state.OutcomeOK,
+		key, string(c.State), status, headers, body, micros(c.Retention))
+}
+
+// Sweep deletes up to limit terminal records past their retention.
+func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, state.Unavailable("sweep postgres", err)
+	}
+	if limit <= 0 {
+		return 0, nil
+	}
+	tag, err := s.pool.Exec(ctx, sweepSQL, limit)
+	if err != nil {
+		return 0, state.Unavailable("sweep postgres", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// Ping implements state.Store.
+func (s *Store) Ping(ctx context.Context) error {
+	return state.Unavailable("ping postgres", s.pool.Ping(ctx))
+}
+
+// Close closes the pool.
+func (s *Store) Close() error {
+	s.pool.Close()
+	return nil
+}
+
+// ListFilter selects records for `idemgate ops list`.
+type ListFilter struct {
+	// State keeps only records in this state; empty means every state.
+	State state.State
+	// OlderThan keeps only records not updated for at least this long.
+	OlderThan time.Duration
+	// Limit caps the answer (default 100, at most 10000).
+	Limit int
+}
+
+// List returns records matching f, least recently updated first (the ones
+// waiting longest for a person come first).
+func (s *Store) List(ctx context.Context, f ListFilter) ([]state.Record, error) {
+	if f.OlderThan < 0 {
+		return nil, fmt.Errorf("%w: older-than must not be negative", state.ErrInvalidArgument)
+	}
+	limit := f.Limit
+	switch {
+	case limit <= 0:
+		limit = 100
+	case limit > 10000:
+		limit = 10000
+	}
+	// Two query texts rather than "$1 = '' OR state = $1", so that a cached
+	// generic plan can still use the (state, updated_at) index.
+	var (
+		sql  string
+		args []any
+	)
+	if f.State != "" {
+		switch f.State {
+		case state.StateInFlight, state.StateDone, state.StateFailed, state.StateUnknown:
+		default:
+			return nil, fmt.Errorf("%w: unknown state %q", state.ErrInvalidArgument, f.State)
+		}
+		sql = `SELECT ` + recordCols + ` FROM idempotency_record
+WHERE state = $1 AND updated_at <= now() - $2::bigint ` + micro + `
+ORDER BY updated_at LIMIT $3`
+		args = []any{string(f.State), micros(f.OlderThan), limit}
+	} else {
+		sql = `SELECT ` + recordCols + ` FROM idempotency_record
+WHERE updated_at <= now() - $1::bigint ` + micro + `
+ORDER BY updated_at LIMIT $2`
+		args = []any{micros(f.OlderThan), limit}
+	}
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, state.Unavailable("list postgres records", err)
+	}
+	defer rows.Close()
+	var out []state.Record
+	for rows.Next() {
+		rec, err := scanRecord(rows)
+		if err != nil {
+			return nil, state.Unavailable("list postgres records", err)
+		}
+		out = append(out, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, state.Unavailable("list postgres records", err)
+	}
+	return out, nil
+}
