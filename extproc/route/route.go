@@ -107,9 +107,9 @@ func validVarName(s string) bool {
 	return true
 }
 
-// shape is the template with variable names erased: two templates with the
+// Shape is the template with variable names erased: two templates with the
 // same shape match exactly the same paths.
-func (t Template) shape() string {
+func (t Template) Shape() string {
 	var b strings.Builder
 	for _, s := range t.segments {
 		b.WriteByte('/')
@@ -192,7 +192,7 @@ func NewTable[T any](entries []Entry[T]) (*Table[T], error) {
 			errs = append(errs, fmt.Errorf("route %s %s: %w", e.Method, e.Path, err))
 			continue
 		}
-		key := e.Method + " " + tmpl.shape()
+		key := e.Method + " " + tmpl.Shape()
 		if prev, ok := seen[key]; ok {
 			errs = append(errs, fmt.Errorf("route %s %s: matches the same requests as %s %s", e.Method, e.Path, e.Method, prev))
 			continue

@@ -1,0 +1,253 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestBadConfigs loads one file per kind of mistake and asserts the exact
+// messages, positions included. Every file must appear here, so a new bad
+// file without an expectation fails the test.
+func TestBadConfigs(t *testing.T) {
+	cases := []struct {
+		file string
+		want []string
+	}{
+		{file: "active_key_missing.yaml", want: []string{
+			"active_key_missing.yaml:2:15: signing.active_key: names key \"k9\", which is not under signing.keys",
+		}},
+		{file: "bad_duration.yaml", want: []string{
+			"bad_duration.yaml:5:18: ttl.in_flight: invalid duration \"2 minutes\": use a Go duration such as 250ms, 15m or 72h",
+		}},
+		{file: "bad_listen.yaml", want: []string{
+			"bad_listen.yaml:5:14: grpc_listen: invalid listen address \"50051\": use host:port or :port",
+		}},
+		{file: "bad_log.yaml", want: []string{
+			"bad_log.yaml:5:14: log.level: unknown level \"verbose\" (known: debug, info, warn, error)",
+			"bad_log.yaml:5:31: log.format: unknown format \"xml\" (known: text, json)",
+		}},
+		{file: "bad_messages.yaml", want: []string{
+			"bad_messages.yaml:17:26: operations[0].messages.already_completed: set meaning, instruction or both",
+			"bad_messages.yaml:15:7: operations[0].messages.in_progres: unknown message \"in_progres\" (known: already_completed, already_failed, fingerprint_expired, fingerprint_invalid, fingerprint_required, fingerprint_subject_mismatch, in_progress, internal_error, invalid_json, invalid_params, needs_reconciliation, params_changed, request_too_large, status.completed, status.failed, status.fingerprint_invalid, status.fingerprint_required, status.in_progress, status.interrupted, status.needs_reconciliation, status.not_started, status.temporarily_unavailable, subject_required, temporarily_unavailable)",
+			"bad_messages.yaml:16:34: operations[0].messages.in_progress.instruction: unknown placeholder {status} (known: {preview_tool} {status_tool} {poll_after_seconds} {retry_after_seconds} {max_body_bytes})",
+		}},
+		{file: "bad_params.yaml", want: []string{
+			"bad_params.yaml:14:30: operations[0].params[0].type: unknown type \"money\" (known: decimal)",
+			"bad_params.yaml:16:9: operations[0].params[2]: fingerprint.n is inside fingerprint_field \"fingerprint\", which carries the fingerprint itself",
+			"bad_params.yaml:14:7: operations[0].params: invalid param \"payee..account\": empty path segment",
+			"bad_params.yaml:14:7: operations[0].params: invalid param \"currency\": listed twice",
+		}},
+		{file: "bad_path_template.yaml", want: []string{
+			"bad_path_template.yaml:8:35: operations[0].preview.path: invalid path template \"/v1/transfers/{id\": segment \"{id\": a variable must be a whole segment {name}",
+			"bad_path_template.yaml:9:23: operations[0].confirm.method: invalid HTTP method \"GET POST\"",
+			"bad_path_template.yaml:9:41: operations[0].confirm.path: invalid path template \"v1/transfers/confirm\": must start with /",
+			"bad_path_template.yaml:10:34: operations[0].status.path: invalid path template \"/v1/transfers/status?x=1\": must not contain a query string or fragment",
+		}},
+		{file: "bad_replay.yaml", want: []string{
+			"bad_replay.yaml:15:36: operations[0].downstream_idempotency_header: invalid header name \"Idempotency Key\" (an empty string means the downstream ignores idempotency keys)",
+			"bad_replay.yaml:14:13: operations[0].replay: unknown replay mode \"verbatim\" (known: envelope, raw)",
+		}},
+		{file: "bad_webhook.yaml", want: []string{
+			"bad_webhook.yaml:6:18: security.webhook.url: invalid URL \"ftp://alerts\": use http:// or https:// with a host",
+			"bad_webhook.yaml:6:46: security.webhook.queue_size: must be positive",
+		}},
+		{file: "duplicate_key.yaml", want: []string{
+			"duplicate_key.yaml:7:3: mapping key \"terminal\" already defined at [6:3]",
+		}},
+		{file: "duplicate_operation.yaml", want: []string{
+			"duplicate_operation.yaml:14:11: operations[1].name: duplicate operation name \"transfer\" (first used by operations[0])",
+			"duplicate_operation.yaml:15:12: operations[1].scope: duplicate scope \"payments.transfer\" (first used by operations[0]): a fingerprint of one operation would confirm the other",
+		}},
+		{file: "duplicate_route.yaml", want: []string{
+			"duplicate_route.yaml:17:35: operations[1].confirm.path: route POST /v1/transfers/confirm matches the same requests as operations[0].confirm",
+		}},
+		{file: "duplicate_scope.yaml", want: []string{
+			"duplicate_scope.yaml:15:12: operations[1].scope: duplicate scope \"payments.transfer\" (first used by operations[0]): a fingerprint of one operation would confirm the other",
+		}},
+		{file: "empty.yaml", want: []string{
+			"empty.yaml:1:1: signing: required: the keys that sign fingerprints (generate one with `idemgate keygen`)",
+			"empty.yaml:1:1: operations: required: at least one operation",
+		}},
+		{file: "fingerprint_ttl_zero.yaml", want: []string{
+			"fingerprint_ttl_zero.yaml:5:20: ttl.fingerprint: must be positive, got 0s",
+		}},
+		{file: "key_bad_id.yaml", want: []string{
+			"key_bad_id.yaml:5:5: signing.keys.key one: key id \"key one\" must be 1-64 characters of A-Z a-z 0-9 . _ -",
+		}},
+		{file: "key_both_sources.yaml", want: []string{
+			"key_both_sources.yaml:4:10: signing.keys.k1: set only one of env and file",
+		}},
+		{file: "key_env_empty.yaml", want: []string{
+			"key_env_empty.yaml:4:15: signing.keys.k1.env: environment variable IDEMGATE_TEST_EMPTY (the signing key) is empty",
+		}},
+		{file: "key_env_unset.yaml", want: []string{
+			"key_env_unset.yaml:4:15: signing.keys.k1.env: environment variable IDEMGATE_TEST_KEY_UNSET (the signing key) is not set",
+		}},
+		{file: "key_file_missing.yaml", want: []string{
+			"key_file_missing.yaml:4:16: signing.keys.k1.file: failed to read signing key file keys/does-not-exist: no such file or directory",
+		}},
+		{file: "key_short.yaml", want: []string{
+			"key_short.yaml:4:10: signing.keys.k1: key from env IDEMGATE_TEST_KEY_SHORT: invalid key: 5 bytes, need at least 32 (generate one with `idemgate keygen`)",
+		}},
+		{file: "literal_password.yaml", want: []string{
+			"literal_password.yaml:8:5: store.redis.password: unknown key \"password\" (known keys: addrs, db, key_prefix, master_name, mode, password_env, password_file, timeout, username)",
+		}},
+		{file: "many_problems.yaml", want: []string{
+			"many_problems.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, drain, grpc_listen, limits, log, messages, operations, security, signing, store, subject, ttl)",
+			"many_problems.yaml:17:5: operations[0].retires: unknown key \"retires\" (known keys: confirm, downstream_idempotency_header, fingerprint_field, messages, name, params, poll_after, preview, preview_tool, replay, result_ref, scope, status, status_tool, upstream_retries, upstream_timeout)",
+			"many_problems.yaml:6:18: ttl.in_flight: invalid duration \"2 minutes\": use a Go duration such as 250ms, 15m or 72h",
+			"many_problems.yaml:7:22: messages.language: unknown language \"fr\" (known: en, zh)",
+		}},
+		{file: "max_body_zero.yaml", want: []string{
+			"max_body_zero.yaml:5:26: limits.max_body_bytes: must be positive",
+			"max_body_zero.yaml:5:45: limits.max_json_depth: must be between 1 and 1000",
+		}},
+		{file: "missing_operation_fields.yaml", want: []string{
+			"missing_operation_fields.yaml:6:5: operations[0].name: required",
+			"missing_operation_fields.yaml:6:5: operations[0].scope: required: the string that binds a fingerprint to this operation",
+			"missing_operation_fields.yaml:6:5: operations[0].confirm: required: {method: POST, path: /...}",
+			"missing_operation_fields.yaml:7:14: operations[0].status.path: required",
+			"missing_operation_fields.yaml:6:5: operations[0].preview_tool: required: the tool name the agent calls to preview (used in instructions)",
+			"missing_operation_fields.yaml:6:5: operations[0].status_tool: required: the tool name the agent polls for the result (used in instructions)",
+			"missing_operation_fields.yaml:6:5: operations[0].params: required: the fields that change money or have irreversible effect (an unbound fingerprint could confirm any amount)",
+		}},
+		{file: "missing_operations.yaml", want: []string{
+			"missing_operations.yaml:1:1: operations: required: at least one operation",
+		}},
+		{file: "missing_signing.yaml", want: []string{
+			"missing_signing.yaml:1:1: signing: required: the keys that sign fingerprints (generate one with `idemgate keygen`)",
+		}},
+		{file: "path_param_not_in_template.yaml", want: []string{
+			"path_param_not_in_template.yaml:13:14: operations[0].params[0]: path.account needs a {account} segment in the confirm path /v1/payouts/confirm",
+		}},
+		{file: "postgres_dsn_both.yaml", want: []string{
+			"postgres_dsn_both.yaml:7:5: store.postgres: set exactly one of dsn, dsn_env and dsn_file",
+		}},
+		{file: "postgres_dsn_invalid.yaml", want: []string{
+			"postgres_dsn_invalid.yaml:6:14: store.postgres: invalid PostgreSQL DSN (from inline; not shown because it may hold a password)",
+		}},
+		{file: "redis_mode.yaml", want: []string{
+			"redis_mode.yaml:7:13: store.redis.addrs[0]: invalid address \"127.0.0.1\": use host:port",
+			"redis_mode.yaml:8:11: store.redis.mode: unknown mode \"sentinal\" (known: single, cluster, sentinel)",
+		}},
+		{file: "redis_sentinel_no_master.yaml", want: []string{
+			"redis_sentinel_no_master.yaml:6:11: store.redis.master_name: required when mode is sentinel",
+		}},
+		{file: "subject_both.yaml", want: []string{
+			"subject_both.yaml:6:3: subject: set only one of header and metadata",
+		}},
+		{file: "subject_metadata_incomplete.yaml", want: []string{
+			"subject_metadata_incomplete.yaml:6:14: subject.metadata.path: required (e.g. jwt_payload.sub)",
+		}},
+		{file: "syntax.yaml", want: []string{
+			"syntax.yaml:7:12: sequence end token ']' not found",
+		}},
+		{file: "ttl_terminal_short.yaml", want: []string{
+			"ttl_terminal_short.yaml:5:35: ttl.terminal: 10m0s must be longer than ttl.fingerprint (30m0s): a record must outlive every fingerprint that can reach it, or a late confirm would execute again",
+		}},
+		{file: "unknown_key.yaml", want: []string{
+			"unknown_key.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, drain, grpc_listen, limits, log, messages, operations, security, signing, store, subject, ttl)",
+		}},
+		{file: "unknown_key_nested.yaml", want: []string{
+			"unknown_key_nested.yaml:14:5: operations[0].retires: unknown key \"retires\" (known keys: confirm, downstream_idempotency_header, fingerprint_field, messages, name, params, poll_after, preview, preview_tool, replay, result_ref, scope, status, status_tool, upstream_retries, upstream_timeout)",
+		}},
+		{file: "unknown_language.yaml", want: []string{
+			"unknown_language.yaml:5:22: messages.language: unknown language \"fr\" (known: en, zh)",
+		}},
+		{file: "wrong_kind.yaml", want: []string{
+			"wrong_kind.yaml:5:26: limits.max_body_bytes: must be an integer",
+			"wrong_kind.yaml:6:13: operations: must be a list",
+		}},
+	}
+	files, err := filepath.Glob("testdata/bad/*.yaml")
+	require.NoError(t, err)
+	require.Len(t, files, len(cases), "every file in testdata/bad needs a case")
+	for _, tc := range cases {
+		t.Run(tc.file, func(t *testing.T) {
+			rt, _, err := Load(filepath.Join("testdata", "bad", tc.file), testOptions())
+			require.Nil(t, rt)
+			require.Error(t, err)
+			got := strings.Split(strings.ReplaceAll(err.Error(), "testdata/bad/", ""), "\n")
+			require.Equal(t, tc.want, got)
+			for _, e := range unjoin(err) {
+				var p *Problem
+				require.ErrorAs(t, e, &p)
+				require.Positive(t, p.Line)
+			}
+		})
+	}
+}
+
+func TestWarnings(t *testing.T) {
+	rt, warns, err := Load("testdata/warn/in_flight_short.yaml", testOptions())
+	require.NoError(t, err)
+	require.NotNil(t, rt)
+	var got []string
+	for _, w := range warns {
+		got = append(got, w.Error())
+	}
+	require.Equal(t, []string{
+		"testdata/warn/in_flight_short.yaml:6:12: store.timeout: 800ms is long: Envoy's message_timeout (1s in the shipped config) must cover up to two store calls per confirm",
+		"testdata/warn/in_flight_short.yaml:7:11: store.redis: Redis without PostgreSQL: Redis is not a system of record; a failover or flush can forget completed operations and let them execute again",
+		"testdata/warn/in_flight_short.yaml:18:23: operations[0].upstream_timeout: ttl.in_flight (30s) should exceed upstream_timeout × (1 + upstream_retries) = 30s: a confirm still running when its lease ends can be taken over or marked unknown while the upstream is working on it",
+	}, got)
+}
+
+func TestDefaults(t *testing.T) {
+	src := `signing:
+  active_key: k1
+  keys: {k1: {env: IDEMGATE_TEST_KEY_K1}}
+operations:
+  - name: transfer
+    scope: payments.transfer
+    preview: {method: post, path: /p}
+    confirm: {method: POST, path: /c}
+    status: {method: POST, path: /s}
+    preview_tool: tp
+    status_tool: ts
+    params: [amount]
+`
+	rt, warns, err := Parse("inline.yaml", []byte(src), "", testOptions())
+	require.NoError(t, err)
+	require.Empty(t, warns)
+	require.Equal(t, DefaultGRPCListen, rt.GRPCListen)
+	require.Equal(t, DefaultAdminListen, rt.AdminListen)
+	require.Equal(t, "text", rt.Log.Format)
+	require.Equal(t, DefaultSubjectHeader, rt.Subject.Header)
+	require.Equal(t, "memory", rt.Store.Backend())
+	require.Equal(t, DefaultStoreTimeout, rt.Store.Timeout)
+	require.Equal(t, TTLSettings{Fingerprint: DefaultFingerprintTTL, InFlight: DefaultInFlightTTL, Terminal: DefaultTerminalTTL}, rt.TTL)
+	require.Equal(t, LimitSettings{MaxBodyBytes: DefaultMaxBodyBytes, MaxJSONDepth: DefaultMaxJSONDepth}, rt.Limits)
+	require.Equal(t, "en", rt.Language)
+	require.Equal(t, WebhookSettings{Timeout: DefaultWebhookTimeout, QueueSize: DefaultWebhookQueue}, rt.Webhook)
+	require.Equal(t, DrainSettings{Period: DefaultDrainPeriod, Timeout: DefaultDrainTimeout}, rt.Drain)
+	op := rt.Operations[0]
+	require.Equal(t, "POST", op.Preview.Method)
+	require.Equal(t, "fingerprint", op.FingerprintField)
+	require.Equal(t, "idempotency-key", op.DownstreamHeader)
+	require.Equal(t, ReplayEnvelope, op.Replay)
+	require.Equal(t, DefaultPollAfter, op.PollAfter)
+	require.Nil(t, op.ResultRef)
+	require.NotNil(t, rt.Envelopes)
+}
+
+func TestMetadataSubject(t *testing.T) {
+	src := `signing: {active_key: k1, keys: {k1: {env: IDEMGATE_TEST_KEY_K1}}}
+subject:
+  metadata: {namespace: envoy.filters.http.jwt_authn, path: jwt_payload.sub}
+operations:
+  - {name: t, scope: s, preview: {method: POST, path: /p}, confirm: {method: POST, path: /c}, status: {method: POST, path: /s}, preview_tool: a, status_tool: b, params: [x]}
+`
+	rt, _, err := Parse("inline.yaml", []byte(src), "", testOptions())
+	require.NoError(t, err)
+	require.Equal(t, SubjectSource{MetadataNamespace: "envoy.filters.http.jwt_authn", MetadataPath: []string{"jwt_payload", "sub"}}, rt.Subject)
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, _, err := Load(filepath.Join(t.TempDir(), "nope.yaml"), Options{})
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
