@@ -372,16 +372,21 @@ func (s *suite) releaseTakeover(t *testing.T, st state.Store) {
 
 func (s *suite) leaseExpiryTakeover(t *testing.T, st state.Store) {
 	ctx := ctxT(t)
+	// A running lease is not taken over (checked on a long lease, so a slow
+	// machine cannot turn it into an expired one).
+	running := NewKey(t)
+	s.acquire(t, st, running, "owner-a")
+	early, err := st.Takeover(ctx, state.TakeoverRequest{Key: running, NewOwner: "owner-b", Fence: 1, Lease: 30 * time.Second})
+	RequireOutcome(t, state.OutcomeInFlight, early, err)
+	require.Equal(t, "owner-a", early.Record.Owner)
+	require.Equal(t, int64(1), early.Record.Fence)
+	require.False(t, early.Record.LeaseExpired)
+
 	key := NewKey(t)
 	req := AcquireRequest(key, "owner-a")
 	req.Lease = s.opts.ShortLease
 	a, err := st.Acquire(ctx, req)
 	RequireOutcome(t, state.OutcomeAcquired, a, err)
-
-	early, err := st.Takeover(ctx, state.TakeoverRequest{Key: key, NewOwner: "owner-b", Fence: 1, Lease: 30 * time.Second})
-	RequireOutcome(t, state.OutcomeInFlight, early, err)
-	require.Equal(t, "owner-a", early.Record.Owner)
-	require.False(t, early.Record.LeaseExpired)
 
 	s.opts.Wait(s.opts.ShortLease + s.opts.ShortLease/2)
 
@@ -445,15 +450,17 @@ func (s *suite) markUnknown(t *testing.T, st state.Store) {
 
 func (s *suite) markUnknownAfterExpiry(t *testing.T, st state.Store) {
 	ctx := ctxT(t)
+	running := NewKey(t)
+	s.acquire(t, st, running, "owner-a")
+	before, err := st.MarkUnknown(ctx, state.Claim{Key: running, Owner: "owner-b", Fence: 1})
+	RequireOutcome(t, state.OutcomeNotOwner, before, err)
+	require.Equal(t, state.StateInFlight, before.Record.State)
+
 	key := NewKey(t)
 	req := AcquireRequest(key, "owner-a")
 	req.Lease = s.opts.ShortLease
 	a, err := st.Acquire(ctx, req)
 	RequireOutcome(t, state.OutcomeAcquired, a, err)
-
-	before, err := st.MarkUnknown(ctx, state.Claim{Key: key, Owner: "owner-b", Fence: 1})
-	RequireOutcome(t, state.OutcomeNotOwner, before, err)
-
 	s.opts.Wait(s.opts.ShortLease + s.opts.ShortLease/2)
 
 	wrongFence, err := st.MarkUnknown(ctx, state.Claim{Key: key, Owner: "owner-b", Fence: 0})
@@ -538,13 +545,11 @@ func (s *suite) get(t *testing.T, st state.Store) {
 	require.False(t, found)
 
 	key := NewKey(t)
-	req := AcquireRequest(key, "owner-a")
-	req.Lease = s.opts.ShortLease
-	a, err := st.Acquire(ctx, req)
-	RequireOutcome(t, state.OutcomeAcquired, a, err)
+	s.acquire(t, st, key, "owner-a")
 	rec, found, err := st.Get(ctx, key)
 	require.NoError(t, err)
 	require.True(t, found)
+	require.Equal(t, key, rec.Key)
 	require.Equal(t, state.StateInFlight, rec.State)
 	require.Equal(t, "owner-a", rec.Owner)
 	require.Equal(t, int64(1), rec.Fence)
@@ -554,8 +559,13 @@ func (s *suite) get(t *testing.T, st state.Store) {
 	require.False(t, rec.LeaseExpired)
 	require.Nil(t, rec.Result)
 
+	short := NewKey(t)
+	req := AcquireRequest(short, "owner-a")
+	req.Lease = s.opts.ShortLease
+	a, err := st.Acquire(ctx, req)
+	RequireOutcome(t, state.OutcomeAcquired, a, err)
 	s.opts.Wait(s.opts.ShortLease + s.opts.ShortLease/2)
-	rec, found, err = st.Get(ctx, key)
+	rec, found, err = st.Get(ctx, short)
 	require.NoError(t, err)
 	require.True(t, found)
 	require.True(t, rec.LeaseExpired, "LeaseExpired is computed when the record is read")
