@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // MinKeyBytes is the minimum length of a signing key.
@@ -86,11 +87,49 @@ type KeyRing struct {
 }
 
 // ringKey is one configured key and its derived sub-keys, computed once.
+// Keyed HMAC states are pooled per use, so signing and verifying do not
+// re-key SHA-256 on every call.
 type ringKey struct {
 	id         string
 	mac        []byte
 	subjectKey []byte
 	fieldKey   []byte
+
+	macHashes     hmacPool
+	subjectHashes hmacPool
+	fieldHashes   hmacPool
+}
+
+// hmacPool hands out HMAC-SHA256 states for one key.
+type hmacPool struct{ pool sync.Pool }
+
+// keyedHash is a pooled HMAC state with scratch space for input and sum.
+type keyedHash struct {
+	h   hash.Hash
+	in  []byte
+	sum []byte
+}
+
+// maxPooledInput keeps pooled scratch buffers from pinning large inputs.
+const maxPooledInput = 8 << 10
+
+func newHMACPool(key []byte) hmacPool {
+	return hmacPool{pool: sync.Pool{New: func() any {
+		return &keyedHash{h: hmac.New(sha256.New, key), sum: make([]byte, 0, sha256.Size)}
+	}}}
+}
+
+func (p *hmacPool) get() *keyedHash {
+	kh := p.pool.Get().(*keyedHash)
+	kh.h.Reset()
+	return kh
+}
+
+func (p *hmacPool) put(kh *keyedHash) {
+	if cap(kh.in) > maxPooledInput {
+		kh.in = nil
+	}
+	p.pool.Put(kh)
 }
 
 // NewKeyRing builds a key ring. activeID must be one of keys; ids are
@@ -136,7 +175,11 @@ func deriveKey(id string, secret []byte) (*ringKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("failed to derive the field key of %q: %w", id, err)
 	}
-	return &ringKey{id: id, mac: slices.Clone(secret), subjectKey: subjectKey, fieldKey: fieldKey}, nil
+	rk := &ringKey{id: id, mac: slices.Clone(secret), subjectKey: subjectKey, fieldKey: fieldKey}
+	rk.macHashes = newHMACPool(rk.mac)
+	rk.subjectHashes = newHMACPool(rk.subjectKey)
+	rk.fieldHashes = newHMACPool(rk.fieldKey)
+	return rk, nil
 }
 
 func validKeyID(id string) bool {
@@ -186,26 +229,37 @@ func (r *KeyRing) SubjectTag(keyID, subject string) (string, error) {
 	if subject == "" {
 		return "", errors.New("failed to tag subject: subject is empty")
 	}
-	return k.subjectTag(newHMAC(k.subjectKey), subject), nil
+	return k.subjectTag(subject), nil
 }
 
-func newHMAC(key []byte) hash.Hash { return hmac.New(sha256.New, key) }
-
-func (k *ringKey) subjectTag(h hash.Hash, subject string) string {
-	h.Reset()
-	h.Write([]byte(subject))
-	var sum [sha256.Size]byte
-	return base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0])[:subjectTagBytes])
+func (k *ringKey) subjectTag(subject string) string {
+	kh := k.subjectHashes.get()
+	defer k.subjectHashes.put(kh)
+	kh.in = append(kh.in[:0], subject...)
+	kh.h.Write(kh.in)
+	kh.sum = kh.h.Sum(kh.sum[:0])
+	return base64.RawURLEncoding.EncodeToString(kh.sum[:subjectTagBytes])
 }
 
 // fieldTag is base64url (no padding) of the first 9 bytes of
 // HMAC-SHA256(field key, path || 0x00 || canonical value). Paths cannot
-// contain 0x00, so the input is unambiguous.
-func (k *ringKey) fieldTag(h hash.Hash, path string, canonical []byte) string {
-	h.Reset()
-	h.Write([]byte(path))
-	h.Write([]byte{0})
-	h.Write(canonical)
-	var sum [sha256.Size]byte
-	return base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0])[:fieldTagBytes])
+// contain 0x00, so the input is unambiguous. kh comes from k.fieldHashes.
+func (k *ringKey) fieldTag(kh *keyedHash, path string, canonical []byte) string {
+	kh.h.Reset()
+	kh.in = append(append(kh.in[:0], path...), 0)
+	kh.h.Write(kh.in)
+	kh.h.Write(canonical)
+	kh.sum = kh.h.Sum(kh.sum[:0])
+	return base64.RawURLEncoding.EncodeToString(kh.sum[:fieldTagBytes])
+}
+
+// computeMAC is HMAC-SHA256(key, base64url payload text).
+func computeMAC[T string | []byte](k *ringKey, encodedPayload T) [sha256.Size]byte {
+	kh := k.macHashes.get()
+	defer k.macHashes.put(kh)
+	kh.in = append(kh.in[:0], encodedPayload...)
+	kh.h.Write(kh.in)
+	var mac [sha256.Size]byte
+	copy(mac[:], kh.h.Sum(kh.sum[:0]))
+	return mac
 }

@@ -1,12 +1,13 @@
 package fingerprint
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -87,7 +88,8 @@ func (r *KeyRing) Sign(req SignRequest) (string, Claims, error) {
 		return "", Claims{}, errors.New("failed to sign: expiry is not set")
 	}
 	k := r.keys[r.active]
-	h := newHMAC(k.fieldKey)
+	kh := k.fieldHashes.get()
+	defer k.fieldHashes.put(kh)
 	tags := make(map[string]string, len(req.Params.Fields))
 	for _, f := range req.Params.Fields {
 		if f.Path == "" || !utf8.ValidString(f.Path) || strings.IndexByte(f.Path, 0) >= 0 {
@@ -96,14 +98,14 @@ func (r *KeyRing) Sign(req SignRequest) (string, Claims, error) {
 		if _, dup := tags[f.Path]; dup {
 			return "", Claims{}, fmt.Errorf("failed to sign: field %q listed twice", f.Path)
 		}
-		tags[f.Path] = k.fieldTag(h, f.Path, f.Canonical)
+		tags[f.Path] = k.fieldTag(kh, f.Path, f.Canonical)
 	}
 	claims := Claims{
 		Version:    Version,
 		KeyID:      k.id,
 		Nonce:      req.Nonce,
 		Expiry:     req.Expiry.Unix(),
-		SubjectTag: k.subjectTag(newHMAC(k.subjectKey), req.Subject),
+		SubjectTag: k.subjectTag(req.Subject),
 		Scope:      req.Scope,
 		ParamHash:  req.Params.Hash,
 		FieldTags:  tags,
@@ -119,14 +121,6 @@ func (r *KeyRing) Sign(req SignRequest) (string, Claims, error) {
 		return "", Claims{}, fmt.Errorf("failed to sign: token would be %d bytes, longer than %d", len(token), MaxTokenLength)
 	}
 	return string(token), claims, nil
-}
-
-func computeMAC(k *ringKey, encodedPayload []byte) [sha256.Size]byte {
-	h := newHMAC(k.mac)
-	h.Write(encodedPayload)
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	return sum
 }
 
 // encodeClaims writes the payload: compact JSON, members in the order
@@ -245,8 +239,11 @@ func (r *KeyRing) Verify(token string, want Expect, now time.Time) (Claims, erro
 	if !isBase64URL(payloadPart) || !isBase64URL(sigPart) {
 		return malformed("not unpadded base64url")
 	}
-	sig, err := strictB64.DecodeString(sigPart)
-	if err != nil || len(sig) != sha256.Size {
+	var sig [sha256.Size]byte
+	if strictB64.DecodedLen(len(sigPart)) != len(sig) {
+		return malformed("bad signature encoding")
+	}
+	if n, err := strictB64.Decode(sig[:], []byte(sigPart)); err != nil || n != len(sig) {
 		return malformed("bad signature encoding")
 	}
 	payload, err := strictB64.DecodeString(payloadPart)
@@ -261,8 +258,8 @@ func (r *KeyRing) Verify(token string, want Expect, now time.Time) (Claims, erro
 	if !ok {
 		return Claims{}, &VerifyError{Reason: ReasonUnknownKey}
 	}
-	mac := computeMAC(k, []byte(payloadPart))
-	if !hmac.Equal(mac[:], sig) {
+	mac := computeMAC(k, payloadPart)
+	if !hmac.Equal(mac[:], sig[:]) {
 		return Claims{}, &VerifyError{Reason: ReasonBadMAC}
 	}
 
@@ -273,13 +270,13 @@ func (r *KeyRing) Verify(token string, want Expect, now time.Time) (Claims, erro
 	if claims.Scope != want.Scope {
 		return claims, &VerifyError{Reason: ReasonWrongScope}
 	}
-	if want.Subject == "" || !hmac.Equal([]byte(k.subjectTag(newHMAC(k.subjectKey), want.Subject)), []byte(claims.SubjectTag)) {
+	if want.Subject == "" || subtle.ConstantTimeCompare([]byte(k.subjectTag(want.Subject)), []byte(claims.SubjectTag)) != 1 {
 		return claims, &VerifyError{Reason: ReasonWrongSubject}
 	}
 	if !want.AllowExpired && now.Unix() > claims.Expiry {
 		return claims, &VerifyError{Reason: ReasonExpired}
 	}
-	if want.Params != nil && !hmac.Equal([]byte(want.Params.Hash), []byte(claims.ParamHash)) {
+	if want.Params != nil && subtle.ConstantTimeCompare([]byte(want.Params.Hash), []byte(claims.ParamHash)) != 1 {
 		return claims, &VerifyError{Reason: ReasonParamsChanged, ChangedFields: k.changedFields(claims.FieldTags, want.Params)}
 	}
 	return claims, nil
@@ -299,7 +296,8 @@ func (k *ringKey) changedFields(signed map[string]string, got *Params) []string 
 	for _, f := range got.Fields {
 		current[f.Path] = f.Canonical
 	}
-	h := newHMAC(k.fieldKey)
+	kh := k.fieldHashes.get()
+	defer k.fieldHashes.put(kh)
 	var changed []string
 	known := make(map[string]bool, len(order))
 	for _, path := range order {
@@ -310,7 +308,7 @@ func (k *ringKey) changedFields(signed map[string]string, got *Params) []string 
 		case !inToken && !inRequest:
 		case inToken != inRequest:
 			changed = append(changed, path)
-		case !hmac.Equal([]byte(k.fieldTag(h, path, canonical)), []byte(tag)):
+		case subtle.ConstantTimeCompare([]byte(k.fieldTag(kh, path, canonical)), []byte(tag)) != 1:
 			changed = append(changed, path)
 		}
 	}
@@ -324,58 +322,100 @@ func (k *ringKey) changedFields(signed map[string]string, got *Params) []string 
 	return append(changed, unknown...)
 }
 
-// decodeClaims parses a payload, requiring exactly the eight members with the
-// expected types and formats. It returns a description of the first problem.
+// Claim members, as bits for duplicate and completeness checks.
+const (
+	memberV = 1 << iota
+	memberK
+	memberN
+	memberExp
+	memberU
+	memberS
+	memberP
+	memberF
+	allMembers = 1<<iota - 1
+)
+
+// decodeClaims parses a payload: one JSON object with exactly the members
+// v k n exp u s p f (any order, no duplicates, nothing else), v and exp
+// integer literals within range, the others strings except f, an object of
+// strings; k a valid key id, n and p lower-case hex of the right length. It
+// returns a description of the first problem, never key material.
 func decodeClaims(payload []byte) (Claims, string) {
-	v, err := ParseJSON(payload, 2)
-	if err != nil {
-		return Claims{}, "payload is not JSON"
-	}
-	obj, ok := v.(map[string]any)
-	if !ok {
-		return Claims{}, "payload is not an object"
-	}
-	if len(obj) != 8 {
-		return Claims{}, "payload must have exactly the members v k n exp u s p f"
-	}
+	p := jsonParser{data: payload}
 	var c Claims
-	var bad string
-	str := func(name string) string {
-		s, ok := obj[name].(string)
-		if !ok && bad == "" {
-			bad = fmt.Sprintf("%q must be a string", name)
-		}
-		return s
+	var seen int
+	p.skipSpace()
+	if p.pos >= len(p.data) || p.data[p.pos] != '{' {
+		return Claims{}, "payload is not a JSON object"
 	}
-	integer := func(name string) int64 {
-		n, ok := obj[name].(json.Number)
-		if !ok {
-			if bad == "" {
-				bad = fmt.Sprintf("%q must be an integer", name)
+	p.pos++
+	p.skipSpace()
+	for p.pos < len(p.data) && p.data[p.pos] != '}' {
+		if seen != 0 {
+			if p.data[p.pos] != ',' {
+				return Claims{}, "payload is not a JSON object"
 			}
-			return 0
+			p.pos++
+			p.skipSpace()
 		}
-		x, err := parseInteger(string(n))
-		if err != nil && bad == "" {
-			bad = fmt.Sprintf("%q must be an integer", name)
+		name, ok := p.memberName()
+		if !ok {
+			return Claims{}, "payload is not a JSON object"
 		}
-		return x
+		var bit int
+		var bad string
+		switch name {
+		case "v":
+			bit = memberV
+			var v int64
+			v, bad = p.claimInteger("v")
+			c.Version = int(v)
+			if bad == "" && int64(c.Version) != v {
+				bad = `"v" out of range`
+			}
+		case "k":
+			bit = memberK
+			c.KeyID, bad = p.claimString("k")
+		case "n":
+			bit = memberN
+			c.Nonce, bad = p.claimString("n")
+		case "exp":
+			bit = memberExp
+			c.Expiry, bad = p.claimInteger("exp")
+		case "u":
+			bit = memberU
+			c.SubjectTag, bad = p.claimString("u")
+		case "s":
+			bit = memberS
+			c.Scope, bad = p.claimString("s")
+		case "p":
+			bit = memberP
+			c.ParamHash, bad = p.claimString("p")
+		case "f":
+			bit = memberF
+			c.FieldTags, bad = p.claimFieldTags()
+		default:
+			return Claims{}, "payload has an unknown member"
+		}
+		if bad != "" {
+			return Claims{}, bad
+		}
+		if seen&bit != 0 {
+			return Claims{}, "payload repeats a member"
+		}
+		seen |= bit
+		p.skipSpace()
 	}
-	version := integer("v")
-	c.Version = int(version)
-	if int64(c.Version) != version && bad == "" {
-		bad = `"v" out of range`
+	if p.pos >= len(p.data) {
+		return Claims{}, "payload is not a JSON object"
 	}
-	c.KeyID = str("k")
-	c.Nonce = str("n")
-	c.Expiry = integer("exp")
-	c.SubjectTag = str("u")
-	c.Scope = str("s")
-	c.ParamHash = str("p")
-	if bad != "" {
-		return Claims{}, bad
-	}
+	p.pos++ // '}'
+	p.skipSpace()
 	switch {
+	case p.pos != len(p.data):
+		return Claims{}, "payload has data after the object"
+	case seen != allMembers:
+		return Claims{}, "payload must have exactly the members v k n exp u s p f"
 	case !validKeyID(c.KeyID):
 		return Claims{}, `"k" is not a key id`
 	case !isLowerHex(c.Nonce, nonceHexLen):
@@ -383,28 +423,96 @@ func decodeClaims(payload []byte) (Claims, string) {
 	case !isLowerHex(c.ParamHash, paramHashLen):
 		return Claims{}, `"p" must be 64 lower-case hex characters`
 	}
-	f, ok := obj["f"].(map[string]any)
-	if !ok {
-		return Claims{}, `"f" must be an object`
-	}
-	c.FieldTags = make(map[string]string, len(f))
-	for path, tag := range f {
-		s, ok := tag.(string)
-		if !ok {
-			return Claims{}, `"f" values must be strings`
-		}
-		c.FieldTags[path] = s
-	}
 	return c, ""
 }
 
-// parseInteger accepts a JSON number that is an integer literal: optional
-// '-', digits, no fraction or exponent, within int64.
-func parseInteger(s string) (int64, error) {
-	if strings.ContainsAny(s, ".eE") {
-		return 0, errors.New("not an integer literal")
+// memberName reads an object key and the ':' after it.
+func (p *jsonParser) memberName() (string, bool) {
+	if p.pos >= len(p.data) || p.data[p.pos] != '"' {
+		return "", false
 	}
-	return strconv.ParseInt(s, 10, 64)
+	name, err := p.string()
+	if err != nil {
+		return "", false
+	}
+	p.skipSpace()
+	if p.pos >= len(p.data) || p.data[p.pos] != ':' {
+		return "", false
+	}
+	p.pos++
+	p.skipSpace()
+	return name, true
+}
+
+func (p *jsonParser) claimString(name string) (string, string) {
+	if p.pos >= len(p.data) || p.data[p.pos] != '"' {
+		return "", fmt.Sprintf("%q must be a string", name)
+	}
+	s, err := p.string()
+	if err != nil {
+		return "", "payload is not valid JSON"
+	}
+	return s, ""
+}
+
+// claimInteger reads an integer literal: optional '-', digits, no fraction
+// or exponent, within int64.
+func (p *jsonParser) claimInteger(name string) (int64, string) {
+	bad := fmt.Sprintf("%q must be an integer", name)
+	if p.pos >= len(p.data) || (p.data[p.pos] != '-' && !isDigit(p.data[p.pos])) {
+		return 0, bad
+	}
+	start := p.pos
+	if _, err := p.number(); err != nil {
+		return 0, bad
+	}
+	text := p.data[start:p.pos]
+	if bytes.ContainsAny(text, ".eE") {
+		return 0, bad
+	}
+	n, err := strconv.ParseInt(string(text), 10, 64)
+	if err != nil {
+		return 0, bad
+	}
+	return n, ""
+}
+
+// claimFieldTags reads "f": an object whose members are all strings.
+func (p *jsonParser) claimFieldTags() (map[string]string, string) {
+	const bad = `"f" must be an object of strings`
+	if p.pos >= len(p.data) || p.data[p.pos] != '{' {
+		return nil, bad
+	}
+	p.pos++
+	tags := make(map[string]string)
+	p.skipSpace()
+	for p.pos < len(p.data) && p.data[p.pos] != '}' {
+		if len(tags) > 0 {
+			if p.data[p.pos] != ',' {
+				return nil, bad
+			}
+			p.pos++
+			p.skipSpace()
+		}
+		path, ok := p.memberName()
+		if !ok {
+			return nil, bad
+		}
+		tag, why := p.claimString("f")
+		if why != "" {
+			return nil, bad
+		}
+		if _, dup := tags[path]; dup {
+			return nil, `"f" repeats a member`
+		}
+		tags[path] = tag
+		p.skipSpace()
+	}
+	if p.pos >= len(p.data) {
+		return nil, bad
+	}
+	p.pos++ // '}'
+	return tags, ""
 }
 
 func isBase64URL(s string) bool {
