@@ -87,7 +87,10 @@ func (r *KeyRing) Sign(req SignRequest) (string, Claims, error) {
 	case req.Expiry.IsZero():
 		return "", Claims{}, errors.New("failed to sign: expiry is not set")
 	}
-	k := r.keys[r.active]
+	k, ok := r.keys[r.active]
+	if !ok {
+		return "", Claims{}, errors.New("failed to sign: key ring has no active key (use NewKeyRing)")
+	}
 	kh := k.fieldHashes.get()
 	defer k.fieldHashes.put(kh)
 	tags := make(map[string]string, len(req.Params.Fields))

@@ -400,6 +400,15 @@ func TestVerifyNeverPanicsOnNilRing(t *testing.T) {
 	requireReason(t, err, fingerprint.ReasonMalformed)
 	_, _, err = r.Sign(fingerprint.SignRequest{})
 	require.Error(t, err)
+
+	// A zero KeyRing (not from NewKeyRing) knows no keys and signs nothing.
+	f := newTokenFixture(t)
+	tok, _ := f.sign(t, nil)
+	zero := &fingerprint.KeyRing{}
+	_, err = zero.Verify(tok, f.expect(t, testBody), testExpiry)
+	requireReason(t, err, fingerprint.ReasonUnknownKey)
+	_, _, err = zero.Sign(fingerprint.SignRequest{Subject: testSubject, Scope: testScope, Params: f.params, Nonce: testNonce, Expiry: testExpiry})
+	require.ErrorContains(t, err, "no active key")
 }
 
 func TestNewNonce(t *testing.T) {
