@@ -13,6 +13,27 @@
 // Outcomes are values, not errors: an error from a Store always means the
 // backend failed and nothing can be said about the record. The package knows
 // nothing about Envoy or HTTP beyond the stored Result.
+//
+// Details every backend shares (state/statetest checks them all):
+//   - Keys are fingerprint nonces, 32 lower-case hex characters; anything
+//     else is ErrInvalidArgument, as are an empty owner, a non-positive lease
+//     or retention, a non-terminal Completion state and a status outside
+//     100..599. Backend failures wrap ErrUnavailable.
+//   - A lease has expired when the backend's clock reads at or after
+//     LeaseUntil; Release sets LeaseUntil to that clock's now.
+//   - A record never expires while its lease runs: ExpiresAt is at least
+//     LeaseUntil (retention shorter than the lease is stretched).
+//   - Complete and Release on an absent record answer NOT_OWNER with a zero
+//     Record; Takeover, MarkUnknown and Resolve answer NOT_FOUND.
+//   - Acquire by an owner id that already holds the record is IN_FLIGHT, not
+//     a second ACQUIRED: owner ids may repeat, only fences are unique.
+//   - Takeover carries no parameter hash; when it does not apply it answers
+//     the record's state (DONE, FAILED, UNKNOWN or IN_FLIGHT), never
+//     PARAM_MISMATCH.
+//   - Retention: PostgreSQL sweeps only terminal records and keeps IN_FLIGHT
+//     and UNKNOWN rows until a person resolves them; Redis and memory forget
+//     any record at ExpiresAt (no confirm can reach it by then: fingerprints
+//     expire long before).
 package state
 
 import (
