@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -447,4 +449,46 @@ func macOfRaw(key []byte, payload string) string {
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte(payload))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// TestKeyRingConcurrentUse signs and verifies from many goroutines at once
+// (the ring pools HMAC states); run with -race. Every goroutine must get the
+// same tokens and verdicts as a serial run.
+func TestKeyRingConcurrentUse(t *testing.T) {
+	f := newTokenFixture(t)
+	want := f.expect(t, testBody)
+	changed := f.expect(t, `{"amount":"1","currency":"EUR","payee":{"account_id":"DE89"}}`)
+	serial := make([]string, 16)
+	for i := range serial {
+		serial[i], _ = f.sign(t, func(r *fingerprint.SignRequest) { r.Nonce = fmt.Sprintf("%032x", i) })
+	}
+	errs := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			errs <- func() error {
+				for round := range 50 {
+					i := (g + round) % len(serial)
+					tok, _, err := f.ring.Sign(fingerprint.SignRequest{Subject: testSubject, Scope: testScope, Params: f.params, Nonce: fmt.Sprintf("%032x", i), Expiry: testExpiry})
+					if err != nil {
+						return err
+					}
+					if tok != serial[i] {
+						return fmt.Errorf("goroutine %d: token %d differs", g, i)
+					}
+					if _, err := f.ring.Verify(tok, want, testExpiry); err != nil {
+						return err
+					}
+					_, err = f.ring.Verify(tok, changed, testExpiry)
+					var ve *fingerprint.VerifyError
+					if !errors.As(err, &ve) || ve.Reason != fingerprint.ReasonParamsChanged || !slices.Equal(ve.ChangedFields, []string{"amount"}) {
+						return fmt.Errorf("goroutine %d: want params_changed [amount], got %v", g, err)
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range 8 {
+		require.NoError(t, <-errs)
+	}
 }
