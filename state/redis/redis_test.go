@@ -221,3 +221,14 @@ func TestUnreachableRedisIsUnavailable(t *testing.T) {
 	require.ErrorIs(t, err, state.ErrUnavailable)
 	require.ErrorIs(t, s.Ping(ctx), state.ErrUnavailable)
 }
+
+func TestConformanceSentinel(t *testing.T) {
+	master := testutil.StartRedis(t)
+	sentinel := testutil.StartRedisSentinel(t, "idemmaster", master.Addr)
+	statetest.Run(t, func(t *testing.T) state.Store {
+		s, err := redis.New(redis.Options{Addrs: []string{sentinel}, Mode: redis.ModeSentinel, MasterName: "idemmaster"})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	})
+}
