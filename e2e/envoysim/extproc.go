@@ -477,8 +477,8 @@ func (f *extProcFilter) encodeProtocolConfig(req *extprocv3.ProcessingRequest) {
 		return
 	}
 	req.ProtocolConfig = &extprocv3.ProtocolConfiguration{
-		RequestBodyMode:  f.dec.bodyMode,
-		ResponseBodyMode: f.enc.bodyMode,
+		RequestBodyMode:                         f.dec.bodyMode,
+		ResponseBodyMode:                        f.enc.bodyMode,
 		SendBodyWithoutWaitingForHeaderResponse: f.cfg.SendBodyWithoutWaitingForHeaderResponse,
 	}
 	f.protocolConfigEncoded = true

@@ -417,5 +417,4 @@ func doRequest(req *http.Request) result {
 	return result{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
 }
 
-
 func durationOf(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
