@@ -418,3 +418,5 @@ func doRequest(req *http.Request) result {
 }
 
 func durationOf(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
+
+type corev3HVO = corev3.HeaderValueOption
