@@ -39,6 +39,18 @@ func UnmarshalJSON(js []byte, m proto.Message) error {
 	return Validate(m)
 }
 
+// UnmarshalPartialJSON decodes a fragment that will be merged into a larger
+// message (an Istio EnvoyFilter MERGE patch). Unknown fields and unresolvable
+// typed_config types are still errors; validation rules are not run, because a
+// fragment leaves its required fields to the message it is merged into.
+func UnmarshalPartialJSON(js []byte, m proto.Message) error {
+	opts := protojson.UnmarshalOptions{DiscardUnknown: false}
+	if err := opts.Unmarshal(js, m); err != nil {
+		return fmt.Errorf("failed to decode %s: %w", m.ProtoReflect().Descriptor().FullName(), err)
+	}
+	return nil
+}
+
 // validator is implemented by every go-control-plane message (protoc-gen-validate).
 type validator interface{ ValidateAll() error }
 

@@ -1,0 +1,268 @@
+package k8s
+
+import (
+	"encoding/json"
+	"slices"
+	"strconv"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
+	securityv1 "istio.io/api/security/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
+
+	"github.com/idemgate/idemgate/envoy"
+	"github.com/idemgate/idemgate/envoy/envoytest"
+)
+
+func envoyFilter(t *testing.T, objs []object) *networkingv1alpha3.EnvoyFilter {
+	t.Helper()
+	efs := istioSpecs[*networkingv1alpha3.EnvoyFilter](objs)
+	require.Len(t, efs, 1)
+	return efs[0]
+}
+
+// patchPort is the listener or route-configuration port a patch is scoped to.
+func patchPort(p *networkingv1alpha3.EnvoyFilter_EnvoyConfigObjectPatch) uint32 {
+	if l := p.GetMatch().GetListener(); l != nil {
+		return l.GetPortNumber()
+	}
+	return p.GetMatch().GetRouteConfiguration().GetPortNumber()
+}
+
+// decodedPatches holds every EnvoyFilter patch value decoded into its Envoy
+// v3 type, strictly (unknown fields and unresolvable typed_config are errors;
+// complete objects also pass their validation rules).
+type decodedPatches struct {
+	stripSubject   *hcmv3.HttpFilter // INSERT_FIRST in the inbound HCM
+	extProc        *hcmv3.HttpFilter // INSERT_BEFORE envoy.filters.http.router
+	cluster        *clusterv3.Cluster
+	hcmMerge       *hcmv3.HttpConnectionManager // partial, merged into Istio's
+	defaultMerge   *routev3.Route               // partial, merged into Istio's `default` route
+	insertedRoutes []*routev3.Route             // INSERT_BEFORE `default`, in order
+}
+
+func decodePatches(t *testing.T, ef *networkingv1alpha3.EnvoyFilter) decodedPatches {
+	t.Helper()
+	var out decodedPatches
+	for i, p := range ef.GetConfigPatches() {
+		js, err := protojson.Marshal(p.GetPatch().GetValue())
+		require.NoError(t, err)
+		require.Equal(t, networkingv1alpha3.EnvoyFilter_SIDECAR_INBOUND, p.GetMatch().GetContext(),
+			"patch %d: everything attaches to the app's inbound side (ANY would add the cluster twice)", i)
+		op := p.GetPatch().GetOperation()
+		switch p.GetApplyTo() {
+		case networkingv1alpha3.EnvoyFilter_NETWORK_FILTER:
+			require.Equal(t, networkingv1alpha3.EnvoyFilter_Patch_MERGE, op)
+			require.Equal(t, "envoy.filters.network.http_connection_manager", p.GetMatch().GetListener().GetFilterChain().GetFilter().GetName())
+			var f listenerv3.Filter
+			require.NoError(t, envoytest.UnmarshalPartialJSON(js, &f), "patch %d", i)
+			var hcm hcmv3.HttpConnectionManager
+			require.NoError(t, f.GetTypedConfig().UnmarshalTo(&hcm), "patch %d", i)
+			out.hcmMerge = &hcm
+		case networkingv1alpha3.EnvoyFilter_HTTP_FILTER:
+			var f hcmv3.HttpFilter
+			require.NoError(t, envoytest.UnmarshalJSON(js, &f), "patch %d", i)
+			require.Equal(t, "envoy.filters.network.http_connection_manager", p.GetMatch().GetListener().GetFilterChain().GetFilter().GetName())
+			switch {
+			case op == networkingv1alpha3.EnvoyFilter_Patch_INSERT_FIRST:
+				require.True(t, f.GetTypedConfig().MessageIs(&headermutationv3.HeaderMutation{}), "patch %d: only the subject strip goes first", i)
+				out.stripSubject = &f
+			case op == networkingv1alpha3.EnvoyFilter_Patch_INSERT_BEFORE &&
+				p.GetMatch().GetListener().GetFilterChain().GetFilter().GetSubFilter().GetName() == "envoy.filters.http.router":
+				out.extProc = &f
+			default:
+				t.Fatalf("patch %d: unexpected HTTP_FILTER %v", i, op)
+			}
+		case networkingv1alpha3.EnvoyFilter_CLUSTER:
+			require.Equal(t, networkingv1alpha3.EnvoyFilter_Patch_ADD, op)
+			var c clusterv3.Cluster
+			require.NoError(t, envoytest.UnmarshalJSON(js, &c), "patch %d", i)
+			out.cluster = &c
+		case networkingv1alpha3.EnvoyFilter_HTTP_ROUTE:
+			rc := p.GetMatch().GetRouteConfiguration()
+			require.Equal(t, "default", rc.GetVhost().GetRoute().GetName(), "patch %d", i)
+			require.Equal(t, inboundVirtualHost(patchPort(p)), rc.GetVhost().GetName(), "patch %d", i)
+			var r routev3.Route
+			switch op {
+			case networkingv1alpha3.EnvoyFilter_Patch_MERGE:
+				require.NoError(t, envoytest.UnmarshalPartialJSON(js, &r), "patch %d", i)
+				out.defaultMerge = &r
+			case networkingv1alpha3.EnvoyFilter_Patch_INSERT_BEFORE:
+				require.NoError(t, envoytest.UnmarshalJSON(js, &r), "patch %d", i)
+				out.insertedRoutes = append(out.insertedRoutes, &r)
+			default:
+				t.Fatalf("patch %d: unexpected HTTP_ROUTE %v", i, op)
+			}
+		default:
+			t.Fatalf("patch %d: unexpected applyTo %v", i, p.GetApplyTo())
+		}
+	}
+	require.NotNil(t, out.stripSubject)
+	require.NotNil(t, out.extProc)
+	require.NotNil(t, out.cluster)
+	require.NotNil(t, out.hcmMerge)
+	require.NotNil(t, out.defaultMerge)
+	require.NotEmpty(t, out.insertedRoutes)
+	return out
+}
+
+// Istio's names for the inbound pieces of a sidecar (pilot's
+// buildSidecarInboundHTTPRouteConfig and route.DefaultRouteName).
+func inboundVirtualHost(port uint32) string { return "inbound|http|" + itoa(port) }
+func inboundCluster(port uint32) string     { return "inbound|" + itoa(port) + "||" }
+
+func itoa(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
+
+// assembleInbound builds the inbound HTTP connection manager the way Istio
+// will after applying the patches: its own filters reduced to what matters
+// (strip first, ext_proc right before the router), our routes before its
+// `default` route (prefix "/", no timeout) with the MERGE applied. The
+// envoy/ invariants then run on it unchanged.
+func assembleInbound(t *testing.T, d decodedPatches, port uint32) *envoytest.Gateway {
+	t.Helper()
+	def := &routev3.Route{
+		Name:   "default",
+		Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: inboundCluster(port)}, Timeout: durationpb.New(0)}},
+	}
+	proto.Merge(def, d.defaultMerge)
+	hcm := proto.Clone(d.hcmMerge).(*hcmv3.HttpConnectionManager)
+	hcm.RouteSpecifier = &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
+		Name: inboundCluster(port),
+		VirtualHosts: []*routev3.VirtualHost{{
+			Name: inboundVirtualHost(port), Domains: []string{"*"},
+			Routes: append(slices.Clone(d.insertedRoutes), def),
+		}},
+	}}
+	router := &hcmv3.HttpFilter{Name: "envoy.filters.http.router"}
+	filters, err := envoytest.UnpackFilters([]*hcmv3.HttpFilter{d.stripSubject, d.extProc})
+	require.NoError(t, err)
+	filters = append(filters, envoytest.Filter{Name: router.GetName(), Config: &routerv3.Router{}})
+	hcm.HttpFilters = []*hcmv3.HttpFilter{d.stripSubject, d.extProc, router}
+	return &envoytest.Gateway{
+		HCM:      hcm,
+		Filters:  filters,
+		Clusters: map[string]*clusterv3.Cluster{d.cluster.GetName(): d.cluster},
+		Listener: &listenerv3.Listener{},
+	}
+}
+
+func TestIstioEnvoyFilter(t *testing.T) {
+	objs := render(t, istioDir)
+	d := deployment(t, objs)
+	ef := envoyFilter(t, objs)
+	_, cfg := idemgateConfig(t, objs)
+	patches := decodePatches(t, ef)
+	appPort := container(t, &d.Spec.Template.Spec, "app").Ports[0].ContainerPort
+
+	t.Run("scoped to the app's pods by workloadSelector", func(t *testing.T) {
+		sel := ef.GetWorkloadSelector().GetLabels()
+		require.NotEmpty(t, sel)
+		require.True(t, labels.SelectorFromSet(sel).Matches(labels.Set(d.Spec.Template.Labels)))
+	})
+	t.Run("every patch is scoped to the app port", func(t *testing.T) {
+		for _, p := range ef.GetConfigPatches() {
+			if p.GetApplyTo() != networkingv1alpha3.EnvoyFilter_CLUSTER {
+				require.EqualValues(t, appPort, patchPort(p))
+			}
+		}
+	})
+	t.Run("routes point at Istio's inbound cluster for the port", func(t *testing.T) {
+		for _, r := range patches.insertedRoutes {
+			if r.GetRoute() != nil {
+				require.Equal(t, inboundCluster(uint32(appPort)), r.GetRoute().GetCluster(), r.GetName())
+			}
+		}
+	})
+	t.Run("ext_proc, cluster and per-route switch equal envoy/ext_proc-filter.yaml's", func(t *testing.T) {
+		// Only the filter's name differs (idemgate.ext_proc, to avoid collisions in a mesh).
+		var snippet struct {
+			HTTPFilters          []json.RawMessage          `json:"http_filters"`
+			Clusters             []json.RawMessage          `json:"clusters"`
+			TypedPerFilterConfig map[string]json.RawMessage `json:"typed_per_filter_config"`
+		}
+		js, err := yaml.YAMLToJSONStrict(envoy.FilterSnippetYAML())
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(js, &snippet))
+		var f hcmv3.HttpFilter
+		require.NoError(t, envoytest.UnmarshalJSON(snippet.HTTPFilters[0], &f))
+		require.True(t, proto.Equal(f.GetTypedConfig(), patches.extProc.GetTypedConfig()), "ext_proc settings differ from the snippet's")
+		var c clusterv3.Cluster
+		require.NoError(t, envoytest.UnmarshalJSON(snippet.Clusters[0], &c))
+		require.True(t, proto.Equal(&c, patches.cluster), "idemgate cluster differs from the snippet's")
+		var per anypb.Any
+		require.NoError(t, envoytest.UnmarshalJSON(snippet.TypedPerFilterConfig[f.GetName()], &per))
+		require.True(t, proto.Equal(&per, patches.defaultMerge.GetTypedPerFilterConfig()[patches.extProc.GetName()]))
+	})
+
+	g := assembleInbound(t, patches, uint32(appPort))
+	// Checks that do not apply: Istio builds the filter chain (strip-first and
+	// ext_proc-before-router are asserted by decodePatches), jwt_authn is
+	// generated from RequestAuthentication (TestIstioIdentity), and the inbound
+	// listener's buffer limit is Istio's (Envoy's default, 1 MiB).
+	skip := map[string]bool{
+		"filters run header_mutation, jwt_authn, ext_proc, router": true,
+		"jwt_authn sets the subject header on every operation":     true,
+		"buffer limit equals limits.max_body_bytes":                true,
+	}
+	for _, check := range envoytest.BootstrapChecks() {
+		if skip[check.Name] {
+			continue
+		}
+		t.Run(check.Name, func(t *testing.T) {
+			require.NoError(t, check.Run(g, cfg))
+		})
+	}
+	require.EqualValues(t, envoytest.DefaultMaxBodyBytes, cfg.Limits.MaxBodyBytes,
+		"Istio's inbound buffer limit is Envoy's 1 MiB default; raise it with a LISTENER patch if you raise max_body_bytes")
+}
+
+func TestIstioIdentity(t *testing.T) {
+	objs := render(t, istioDir)
+	d := deployment(t, objs)
+	_, cfg := idemgateConfig(t, objs)
+	podLabels := labels.Set(d.Spec.Template.Labels)
+
+	t.Run("RequestAuthentication sets the subject header from sub", func(t *testing.T) {
+		ras := istioSpecs[*securityv1.RequestAuthentication](objs)
+		require.Len(t, ras, 1)
+		require.True(t, labels.SelectorFromSet(ras[0].GetSelector().GetMatchLabels()).Matches(podLabels))
+		require.NotEmpty(t, ras[0].GetJwtRules())
+		for _, rule := range ras[0].GetJwtRules() {
+			require.NotEmpty(t, rule.GetIssuer())
+			require.NotEmpty(t, rule.GetAudiences())
+			require.False(t, rule.GetForwardOriginalToken())
+			require.True(t, slices.ContainsFunc(rule.GetOutputClaimToHeaders(), func(h *securityv1.ClaimToHeader) bool {
+				return h.GetHeader() == cfg.Subject.Header && h.GetClaim() == "sub"
+			}), "issuer %s must copy sub into %s", rule.GetIssuer(), cfg.Subject.Header)
+		}
+	})
+	t.Run("AuthorizationPolicy refuses every operation without a verified token", func(t *testing.T) {
+		aps := istioSpecs[*securityv1.AuthorizationPolicy](objs)
+		require.Len(t, aps, 1)
+		ap := aps[0]
+		require.True(t, labels.SelectorFromSet(ap.GetSelector().GetMatchLabels()).Matches(podLabels))
+		require.Equal(t, securityv1.AuthorizationPolicy_DENY, ap.GetAction())
+		var denied []string
+		for _, rule := range ap.GetRules() {
+			require.Len(t, rule.GetFrom(), 1)
+			require.Equal(t, []string{"*"}, rule.GetFrom()[0].GetSource().GetNotRequestPrincipals())
+			for _, to := range rule.GetTo() {
+				denied = append(denied, to.GetOperation().GetPaths()...)
+			}
+		}
+		require.ElementsMatch(t, cfg.OperationPaths(), denied)
+	})
+}
