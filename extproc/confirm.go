@@ -1,0 +1,475 @@
+package extproc
+
+import (
+	"errors"
+	"strconv"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/idemgate/idemgate/extproc/config"
+	"github.com/idemgate/idemgate/extproc/envelope"
+	"github.com/idemgate/idemgate/extproc/security"
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/state"
+)
+
+// outcomeClass is how an upstream answer settles a record (DESIGN section 3).
+type outcomeClass uint8
+
+const (
+	classNone outcomeClass = iota
+	classDone
+	classFailed
+	classAmbiguous
+)
+
+// classify maps an upstream status to its outcome class: 2xx DONE; 4xx
+// except 408/409/425/429 FAILED (definite, replayable); 5xx, 408, 409 (a
+// downstream's "same key still in progress"), 425, 429 and anything
+// unreadable are ambiguous. 3xx is treated as a definite refusal (FAILED):
+// a redirect does not execute the operation, and replaying it is harmless.
+func classify(status int) outcomeClass {
+	switch {
+	case status >= 200 && status <= 299:
+		return classDone
+	case status == 408 || status == 409 || status == 425 || status == 429:
+		return classAmbiguous
+	case status >= 300 && status <= 499:
+		return classFailed
+	default:
+		return classAmbiguous
+	}
+}
+
+// confirmRequest runs the checks of DESIGN section 8 in order: body size,
+// JSON syntax, subject, fingerprint present, verify (MAC, version, scope,
+// subject, expiry, params), then acquire.
+func (ex *exchange) confirmRequest(body []byte, headersOnly bool) (*extprocv3.ProcessingResponse, bool) {
+	pb, refused := ex.parseRequestBody(body)
+	if refused != nil {
+		return refused, true
+	}
+	if ex.subject == "" {
+		return ex.envelope(envelope.SubjectRequired, 0, envelope.Extra{}), true
+	}
+	token, found := ex.fingerprintFrom(pb)
+	if !found {
+		return ex.envelope(envelope.FingerprintRequired, 0, envelope.Extra{}), true
+	}
+	params, selectErr := ex.op.Selector.Select(pb.doc, ex.vars)
+	expect := fingerprint.Expect{Subject: ex.subject, Scope: ex.op.Scope}
+	if selectErr == nil {
+		expect.Params = &params
+	}
+	// With unreadable params, the token is still verified first: a forged,
+	// foreign or expired fingerprint is the more important answer.
+	claims, err := ex.srv.cfg.Keys.Verify(token, expect, ex.srv.now())
+	if err != nil {
+		return ex.verifyFailed(err, claims, false), true
+	}
+	if selectErr != nil {
+		return ex.envelope(envelope.InvalidParams, 0, envelope.Extra{Detail: selectErr.Error()}), true
+	}
+	return ex.acquire(claims, headersOnly)
+}
+
+// verifyFailed answers a rejected fingerprint and reports security events.
+func (ex *exchange) verifyFailed(err error, claims fingerprint.Claims, statusRoute bool) *extprocv3.ProcessingResponse {
+	invalid := envelope.FingerprintInvalid
+	if statusRoute {
+		invalid = envelope.StatusFingerprintInvalid
+	}
+	reason, _ := fingerprint.ReasonOf(err)
+	switch reason {
+	case fingerprint.ReasonExpired:
+		return ex.envelope(envelope.FingerprintExpired, 0, envelope.Extra{})
+	case fingerprint.ReasonWrongSubject:
+		ex.securityEvent(security.ReasonSubjectMismatch, claims, nil)
+		return ex.envelope(envelope.FingerprintSubjectMismatch, 0, envelope.Extra{})
+	case fingerprint.ReasonParamsChanged:
+		var ve *fingerprint.VerifyError
+		var changed []string
+		if errors.As(err, &ve) {
+			changed = ve.ChangedFields
+		}
+		ex.securityEvent(security.ReasonParamsChanged, claims, changed)
+		return ex.envelope(envelope.ParamsChanged, 0, envelope.Extra{ChangedFields: changed})
+	case fingerprint.ReasonBadMAC:
+		ex.securityEvent(security.ReasonBadMAC, claims, nil)
+	case fingerprint.ReasonUnknownKey:
+		ex.securityEvent(security.ReasonUnknownKey, claims, nil)
+	}
+	ex.logger().Debug("fingerprint rejected", "reason", string(reason))
+	return ex.envelope(invalid, 0, envelope.Extra{})
+}
+
+// securityEvent reports reason with the presenting subject's keyed tag (never
+// the subject itself) and the nonce when the MAC verified.
+func (ex *exchange) securityEvent(reason string, claims fingerprint.Claims, changed []string) {
+	keys := ex.srv.cfg.Keys
+	tag, err := keys.SubjectTag(claims.KeyID, ex.subject)
+	if err != nil {
+		tag, _ = keys.SubjectTag(keys.ActiveKeyID(), ex.subject)
+	}
+	ex.srv.security.Report(ex.ctx, security.Event{
+		Reason: reason, Operation: ex.op.Name, Nonce: claims.Nonce, SubjectTag: tag,
+		TraceID: ex.traceID, ChangedFields: changed,
+	})
+}
+
+// acquire claims the record for the fingerprint's nonce.
+func (ex *exchange) acquire(claims fingerprint.Claims, headersOnly bool) (*extprocv3.ProcessingResponse, bool) {
+	owner := ex.srv.newOwner()
+	ttl := ex.srv.cfg.TTL
+	ctx, cancel := ex.srv.storeContext(ex.ctx)
+	ans, err := ex.srv.store.Acquire(ctx, state.AcquireRequest{
+		Key: claims.Nonce, Scope: ex.op.Scope, SubjectTag: claims.SubjectTag, ParamHash: claims.ParamHash,
+		Owner: owner, Lease: ttl.InFlight, Retention: ttl.Terminal,
+	})
+	cancel()
+	if err != nil {
+		return ex.storeFailed("acquire", err), true
+	}
+	return ex.answer(ans, claims, owner, headersOnly, 0)
+}
+
+// answer turns a store answer into the reply. attempt bounds the follow-up
+// calls (takeover, mark-unknown, re-acquire of a vanished record) to one.
+func (ex *exchange) answer(ans state.Answer, claims fingerprint.Claims, owner string, headersOnly bool, attempt int) (*extprocv3.ProcessingResponse, bool) {
+	nonce := claims.Nonce
+	switch ans.Outcome {
+	case state.OutcomeAcquired:
+		ex.claim = state.Claim{Key: nonce, Owner: owner, Fence: ans.Record.Fence}
+		ex.pendingAcquired = true
+		var mut *extprocv3.HeaderMutation
+		if h := ex.op.DownstreamHeader; h != "" {
+			// Overwrite (append unset) whatever key the client sent: the
+			// nonce is the only idempotency key the upstream may see, and
+			// Envoy's own retries keep it.
+			mut = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(h, []byte(nonce))}}
+		}
+		ex.decision("acquired")
+		if headersOnly {
+			return requestHeadersReply(mut, nil), false
+		}
+		return requestBodyReply(mut), false
+
+	case state.OutcomeDone, state.OutcomeFailed:
+		return ex.replay(ans.Record, nonce), true
+
+	case state.OutcomeInFlight:
+		if !ans.Record.LeaseExpired || attempt > 0 {
+			return ex.envelope(envelope.InProgress, 0, envelope.Extra{}), true
+		}
+		return ex.leaseExpired(ans.Record, claims, owner, headersOnly)
+
+	case state.OutcomeUnknown:
+		return ex.envelope(envelope.NeedsReconciliation, 0, envelope.Extra{}), true
+
+	case state.OutcomeParamMismatch:
+		// The MAC verified, yet the store holds this nonce under other
+		// params: a forged token under a leaked key, or a bug. Never run it.
+		ex.securityEvent(security.ReasonStoreParamMismatch, claims, nil)
+		return ex.envelope(envelope.ParamsChanged, 0, envelope.Extra{}), true
+
+	case state.OutcomeNotFound:
+		if attempt == 0 {
+			// The record vanished between two calls (expired): start over once.
+			ttl := ex.srv.cfg.TTL
+			ctx, cancel := ex.srv.storeContext(ex.ctx)
+			again, err := ex.srv.store.Acquire(ctx, state.AcquireRequest{
+				Key: nonce, Scope: ex.op.Scope, SubjectTag: claims.SubjectTag, ParamHash: claims.ParamHash,
+				Owner: owner, Lease: ttl.InFlight, Retention: ttl.Terminal,
+			})
+			cancel()
+			if err != nil {
+				return ex.storeFailed("acquire", err), true
+			}
+			return ex.answer(again, claims, owner, headersOnly, attempt+1)
+		}
+	}
+	ex.logger().Error("unexpected store answer", "outcome", string(ans.Outcome))
+	return ex.envelope(envelope.InternalError, 0, envelope.Extra{}), true
+}
+
+// leaseExpired handles an IN_FLIGHT record whose owner's lease ran out (its
+// process died, or it outlived ttl.in_flight). A downstream that honours
+// idempotency keys makes a re-send safe: take over and send the same key. A
+// downstream that does not may already have executed: mark UNKNOWN.
+func (ex *exchange) leaseExpired(rec state.Record, claims fingerprint.Claims, owner string, headersOnly bool) (*extprocv3.ProcessingResponse, bool) {
+	ctx, cancel := ex.srv.storeContext(ex.ctx)
+	defer cancel()
+	if ex.op.HonoursKeys() {
+		ans, err := ex.srv.store.Takeover(ctx, state.TakeoverRequest{Key: rec.Key, NewOwner: owner, Fence: rec.Fence, Lease: ex.srv.cfg.TTL.InFlight})
+		if err != nil {
+			return ex.storeFailed("takeover", err), true
+		}
+		if ans.Outcome == state.OutcomeAcquired {
+			ex.logger().Info("took over an expired lease; re-sending the same idempotency key", "previous_owner", rec.Owner, "fence", ans.Record.Fence)
+		}
+		return ex.answer(ans, claims, owner, headersOnly, 1)
+	}
+	ans, err := ex.srv.store.MarkUnknown(ctx, state.Claim{Key: rec.Key, Owner: owner, Fence: rec.Fence})
+	if err != nil {
+		return ex.storeFailed("mark_unknown", err), true
+	}
+	switch ans.Outcome {
+	case state.OutcomeOK:
+		ex.logger().Warn("expired lease on a downstream that ignores idempotency keys: record marked UNKNOWN for reconciliation", "previous_owner", rec.Owner)
+		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, "marked_unknown").Inc()
+		return ex.envelope(envelope.NeedsReconciliation, 0, envelope.Extra{}), true
+	case state.OutcomeNotOwner:
+		// Someone else moved the record first; answer from what is there now.
+		return ex.answer(state.Answer{Outcome: state.OutcomeOf(ans.Record.State), Record: ans.Record}, claims, owner, headersOnly, 1)
+	}
+	return ex.answer(ans, claims, owner, headersOnly, 1)
+}
+
+// storeFailed answers temporarily_unavailable: nothing was executed, retry
+// the same call. Never fail open.
+func (ex *exchange) storeFailed(op string, err error) *extprocv3.ProcessingResponse {
+	ex.logger().Warn("store call failed; answering temporarily_unavailable", "store_op", op, "kind", storeErrorKind(err), "error", err)
+	if ex.kind == config.KindStatus {
+		return ex.envelope(envelope.StatusTemporarilyUnavailable, 0, envelope.Extra{})
+	}
+	return ex.envelope(envelope.TemporarilyUnavailable, 0, envelope.Extra{})
+}
+
+// replay answers DONE/FAILED with the stored result: an envelope with the
+// original status and body, or (replay: raw) the original status, headers
+// and body byte for byte. Both carry Idempotent-Replayed and Idempotency-Key.
+func (ex *exchange) replay(rec state.Record, nonce string) *extprocv3.ProcessingResponse {
+	res := rec.Result
+	if res == nil {
+		res = &state.Result{}
+	}
+	msg := envelope.AlreadyCompleted
+	if rec.State == state.StateFailed {
+		msg = envelope.AlreadyFailed
+	}
+	marks := []*corev3.HeaderValueOption{setHeader(hdrReplayed, rawTrue), setHeader(hdrIdemKey, []byte(nonce))}
+	if ex.op.Replay == config.ReplayRaw {
+		headers := make([]*corev3.HeaderValueOption, 0, len(res.Headers)+len(marks))
+		seen := make(map[string]bool, len(res.Headers))
+		for _, h := range res.Headers {
+			name := lowerASCII(h.Name)
+			opt := setHeader(name, []byte(h.Value))
+			if seen[name] {
+				opt.Append = wrapperspb.Bool(true) // repeated header: add, do not overwrite
+			}
+			seen[name] = true
+			headers = append(headers, opt)
+		}
+		headers = append(headers, marks...)
+		spec, _ := envelope.SpecOf(msg)
+		ex.decision(spec.Status)
+		return immediate(res.Status, headers, res.Body, "idemgate_"+spec.Status+"_raw")
+	}
+	return ex.envelope(msg, res.Status, envelope.Extra{HasResult: true, ResultRef: ex.resultRef(res, nonce), Result: res.Body}, marks...)
+}
+
+// resultRef reads the configured result_ref path from the stored body; the
+// nonce when it is not configured or not found.
+func (ex *exchange) resultRef(res *state.Result, nonce string) string {
+	if len(ex.op.ResultRef) == 0 || len(res.Body) == 0 {
+		return nonce
+	}
+	doc, err := fingerprint.ParseJSON(res.Body, ex.srv.cfg.Limits.MaxJSONDepth)
+	if err != nil {
+		return nonce
+	}
+	v := doc
+	for _, seg := range ex.op.ResultRef {
+		switch node := v.(type) {
+		case map[string]any:
+			v = node[seg]
+		case []any:
+			i, err := strconv.Atoi(seg)
+			if err != nil || i < 0 || i >= len(node) {
+				return nonce
+			}
+			v = node[i]
+		default:
+			return nonce
+		}
+	}
+	switch s := v.(type) {
+	case string:
+		if s != "" {
+			return s
+		}
+	case interface{ String() string }: // json.Number
+		return s.String()
+	case bool:
+		return strconv.FormatBool(s)
+	}
+	return nonce
+}
+
+func lowerASCII(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 'A' && c <= 'Z' {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if b[j] >= 'A' && b[j] <= 'Z' {
+					b[j] += 'a' - 'A'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
+}
+
+// confirmResponseHeaders records what the upstream answered. An ambiguous
+// status is settled at once and the body is not requested; a bodiless
+// answer is completed here; otherwise the body follows.
+func (ex *exchange) confirmResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, bool) {
+	ex.respStatus = responseStatus(h)
+	ex.respClass = classify(ex.respStatus)
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		if storedResponseHeaders[hv.GetKey()] {
+			v := string(hv.GetRawValue())
+			if v == "" {
+				v = hv.GetValue()
+			}
+			ex.respHeaders = append(ex.respHeaders, state.Header{Name: hv.GetKey(), Value: v})
+		}
+	}
+	if ex.respClass == classAmbiguous {
+		ex.settleAmbiguous("upstream answered " + strconv.Itoa(ex.respStatus))
+		return responseHeadersReply(nil, noResponseBodyMode), true
+	}
+	if h.GetEndOfStream() {
+		ex.complete(nil)
+		return responseHeadersReply(nil, nil), true
+	}
+	return responseHeadersReply(nil, nil), false
+}
+
+// confirmResponseBody records the result. The upstream response always
+// reaches the client unchanged, whatever the store says.
+func (ex *exchange) confirmResponseBody(body []byte) (*extprocv3.ProcessingResponse, bool) {
+	if !ex.settled {
+		ex.complete(body)
+	}
+	return responseBodyReply(nil, nil, false), true
+}
+
+// complete writes DONE or FAILED with the upstream result.
+func (ex *exchange) complete(body []byte) {
+	ex.settled = true
+	st, result := state.StateDone, "done"
+	if ex.respClass == classFailed {
+		st, result = state.StateFailed, "failed"
+	}
+	ctx, cancel := ex.srv.storeContext(ex.ctx)
+	ans, err := ex.srv.store.Complete(ctx, ex.claim, state.Completion{
+		State:     st,
+		Result:    state.Result{Status: ex.respStatus, Headers: ex.respHeaders, Body: body},
+		Retention: ex.srv.cfg.TTL.Terminal,
+	})
+	cancel()
+	switch {
+	case err != nil:
+		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, "error").Inc()
+		ex.logger().Error("failed to record the upstream result; the record stays IN_FLIGHT until its lease ends", "error", err, "upstream_status", ex.respStatus)
+	case ans.Outcome == state.OutcomeOK:
+		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, result).Inc()
+	case ans.Outcome == state.OutcomeNotOwner:
+		// A late answer after a takeover: the record belongs to someone
+		// else now and is left alone; this client still gets its response.
+		ex.srv.metrics.notOwner.WithLabelValues(ex.op.Name).Inc()
+		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, "not_owner").Inc()
+		ex.logger().Warn("completion refused: the record has a new owner (lease expired and taken over)", "fence", ex.claim.Fence, "upstream_status", ex.respStatus)
+	default:
+		ex.logger().Error("unexpected store answer to complete", "outcome", string(ans.Outcome))
+	}
+}
+
+// settleAmbiguous settles an outcome nobody can know: Release (the next
+// retry takes over and re-sends the same key) when the downstream honours
+// keys, else MarkUnknown (a person reconciles).
+func (ex *exchange) settleAmbiguous(why string) {
+	ex.settled = true
+	ctx, cancel := ex.srv.storeContext(ex.ctx)
+	defer cancel()
+	var (
+		ans    state.Answer
+		err    error
+		action string
+	)
+	if ex.op.HonoursKeys() {
+		action = "released"
+		ans, err = ex.srv.store.Release(ctx, ex.claim)
+	} else {
+		action = "marked_unknown"
+		ans, err = ex.srv.store.MarkUnknown(ctx, ex.claim)
+	}
+	ex.logSettlement(action, why, ans, err)
+}
+
+// releaseUnsent gives the record back when the reply that would have let the
+// request through never reached Envoy: the upstream was not contacted, so a
+// retry may run it, whatever the downstream does with keys.
+func (ex *exchange) releaseUnsent() {
+	ex.settled = true
+	ex.pendingAcquired = false
+	ctx, cancel := ex.srv.storeContext(ex.ctx)
+	defer cancel()
+	ans, err := ex.srv.store.Release(ctx, ex.claim)
+	ex.logSettlement("released", "the reply letting the request through was not sent", ans, err)
+}
+
+func (ex *exchange) logSettlement(action, why string, ans state.Answer, err error) {
+	switch {
+	case err != nil:
+		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, "error").Inc()
+		ex.logger().Error("failed to settle an ambiguous outcome; the record stays IN_FLIGHT until its lease ends", "action", action, "why", why, "error", err)
+	case ans.Outcome == state.OutcomeOK:
+		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, action).Inc()
+		ex.logger().Info("settled an ambiguous outcome", "action", action, "why", why)
+	case ans.Outcome == state.OutcomeNotOwner:
+		ex.srv.metrics.notOwner.WithLabelValues(ex.op.Name).Inc()
+		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, "not_owner").Inc()
+		ex.logger().Warn("could not settle: the record has a new owner", "action", action, "why", why)
+	default:
+		ex.logger().Warn("unexpected store answer while settling", "action", action, "outcome", string(ans.Outcome))
+	}
+}
+
+// replySent is called after a reply went out.
+func (ex *exchange) replySent() {
+	if ex.pendingAcquired {
+		ex.pendingAcquired = false
+		ex.acquired = true
+	}
+}
+
+// replyFailed is called when a reply could not be sent.
+func (ex *exchange) replyFailed() {
+	if ex.pendingAcquired && !ex.settled {
+		ex.releaseUnsent()
+	}
+}
+
+// finish settles a record this stream still holds when the stream ends: the
+// request was let through but no response phase completed (Envoy's own
+// local replies — upstream timeout, reset, 413 — never reach ext_proc; the
+// stream is simply cancelled).
+func (ex *exchange) finish() {
+	switch {
+	case ex.settled:
+	case ex.pendingAcquired:
+		ex.releaseUnsent()
+	case ex.acquired && ex.respClass != classNone && ex.respClass != classAmbiguous && !ex.op.HonoursKeys():
+		// The status said DONE/FAILED but the body never arrived. A
+		// downstream that ignores keys cannot be asked again; record what
+		// is known rather than leave it UNKNOWN.
+		ex.complete(nil)
+	case ex.acquired:
+		ex.settleAmbiguous("the stream ended before the upstream response was recorded")
+	}
+}

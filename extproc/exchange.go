@@ -1,0 +1,276 @@
+package extproc
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/idemgate/idemgate/extproc/config"
+	"github.com/idemgate/idemgate/extproc/envelope"
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/state"
+)
+
+// exchange is the state of one stream (one HTTP request). It is used by one
+// goroutine only.
+type exchange struct {
+	srv *Server
+	ctx context.Context
+	log *slog.Logger
+
+	op      *config.Operation
+	kind    config.Kind
+	vars    map[string]string
+	traceID string
+
+	// Body modes from protocol_config (sent on the first message only).
+	sawProtocol      bool
+	requestBodyMode  filterv3.ProcessingMode_BodySendMode
+	responseBodyMode filterv3.ProcessingMode_BodySendMode
+
+	subject           string
+	headerFingerprint string
+	// requestDone is set once the request phase has been decided (so a body
+	// message after a headers-only decision is not processed twice).
+	requestDone bool
+
+	// Preview: the params hashed from the request.
+	params fingerprint.Params
+
+	// Confirm: the record this stream owns.
+	claim state.Claim
+	// pendingAcquired: the reply that lets the request through is about to
+	// be sent. If sending fails the upstream was never contacted.
+	pendingAcquired bool
+	// acquired: that reply went out; the upstream may have been called.
+	acquired bool
+	settled  bool
+	// The upstream response, once its headers arrived.
+	respStatus  int
+	respHeaders []state.Header
+	respClass   outcomeClass
+}
+
+// handle dispatches one message. end says the stream is finished after the
+// reply (an ImmediateResponse, a pass-through, or nothing more to do).
+func (ex *exchange) handle(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, bool) {
+	if pc := req.GetProtocolConfig(); pc != nil && !ex.sawProtocol {
+		ex.sawProtocol = true
+		ex.requestBodyMode = pc.GetRequestBodyMode()
+		ex.responseBodyMode = pc.GetResponseBodyMode()
+	}
+	switch r := req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return ex.onRequestHeaders(req, r.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return ex.onRequestBody(r.RequestBody)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return ex.onResponseHeaders(r.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return ex.onResponseBody(r.ResponseBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		// Never asked for; answer so Envoy is not left waiting.
+		return requestTrailersReply(), false
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return responseTrailersReply(), false
+	default:
+		ex.logger().Error("unknown ext_proc message; refusing the request", "type", fmt.Sprintf("%T", req.Request))
+		return ex.envelope(envelope.InternalError, 0, envelope.Extra{}), true
+	}
+}
+
+func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, bool) {
+	hm := h.GetHeaders()
+	method, _ := headerValue(hm, hdrMethod)
+	path, _ := headerValue(hm, hdrPath)
+	ex.traceID, _ = headerValue(hm, hdrRequestID)
+	target, vars, ok := ex.srv.cfg.Routes.Match(method, path)
+	if !ok {
+		ex.srv.metrics.passthrough.Inc()
+		return requestHeadersReply(nil, passThroughMode), true
+	}
+	ex.op, ex.kind, ex.vars = target.Op, target.Kind, vars
+
+	if !ex.bodyModesUsable() {
+		ex.logger().Error("Envoy must send this route's bodies BUFFERED (processing_mode request_body_mode and response_body_mode); refusing the request",
+			"request_body_mode", ex.requestBodyMode.String(), "response_body_mode", ex.responseBodyMode.String())
+		return ex.envelope(envelope.InternalError, 0, envelope.Extra{}), true
+	}
+	ex.subject = ex.resolveSubject(hm, req.GetMetadataContext())
+	ex.headerFingerprint, _ = headerValue(hm, hdrFingerprint)
+
+	// A declared length over the limit is refused before Envoy buffers it.
+	if cl, ok := headerValue(hm, hdrContentLength); ok {
+		if n, err := strconv.ParseInt(strings.TrimSpace(cl), 10, 64); err == nil && n > ex.srv.cfg.Limits.MaxBodyBytes {
+			return ex.envelope(envelope.RequestTooLarge, 0, envelope.Extra{}), true
+		}
+	}
+	if !h.GetEndOfStream() {
+		// The body follows (BUFFERED: one message with all of it).
+		return requestHeadersReply(nil, nil), false
+	}
+	// No body will come: decide now, from the headers alone.
+	ex.requestDone = true
+	switch ex.kind {
+	case config.KindPreview:
+		return ex.previewRequest(nil, true)
+	case config.KindConfirm:
+		return ex.confirmRequest(nil, true)
+	default:
+		return ex.statusRequest(nil, true)
+	}
+}
+
+// bodyModesUsable reports whether Envoy sends what this route needs. Without
+// protocol_config (older Envoy, some harnesses) BUFFERED is assumed.
+func (ex *exchange) bodyModesUsable() bool {
+	if !ex.sawProtocol {
+		return true
+	}
+	if ex.requestBodyMode != filterv3.ProcessingMode_BUFFERED {
+		return false
+	}
+	if ex.kind == config.KindStatus {
+		return true
+	}
+	return ex.responseBodyMode == filterv3.ProcessingMode_BUFFERED
+}
+
+func (ex *exchange) onRequestBody(b *extprocv3.HttpBody) (*extprocv3.ProcessingResponse, bool) {
+	if ex.op == nil || ex.requestDone {
+		return requestBodyReply(nil), false
+	}
+	ex.requestDone = true
+	// BUFFERED sends the whole body in one message; end_of_stream is false
+	// when trailers follow, which changes nothing here.
+	body := b.GetBody()
+	switch ex.kind {
+	case config.KindPreview:
+		return ex.previewRequest(body, false)
+	case config.KindConfirm:
+		return ex.confirmRequest(body, false)
+	default:
+		return ex.statusRequest(body, false)
+	}
+}
+
+func (ex *exchange) onResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, bool) {
+	switch {
+	case ex.op == nil:
+		return responseHeadersReply(nil, nil), false
+	case ex.kind == config.KindPreview:
+		return ex.previewResponseHeaders(h)
+	case ex.kind == config.KindConfirm && ex.acquired:
+		return ex.confirmResponseHeaders(h)
+	}
+	return responseHeadersReply(nil, nil), false
+}
+
+func (ex *exchange) onResponseBody(b *extprocv3.HttpBody) (*extprocv3.ProcessingResponse, bool) {
+	switch {
+	case ex.op == nil:
+		return responseBodyReply(nil, nil, false), false
+	case ex.kind == config.KindPreview:
+		return ex.previewResponseBody(b.GetBody())
+	case ex.kind == config.KindConfirm && ex.acquired:
+		return ex.confirmResponseBody(b.GetBody())
+	}
+	return responseBodyReply(nil, nil, false), false
+}
+
+// parsedBody is a request body after the size and syntax checks.
+type parsedBody struct {
+	doc     any // nil without a body
+	present bool
+}
+
+// parseRequestBody applies the first two checks of DESIGN section 8: size,
+// then JSON syntax (depth bounded). A reply is returned when the request is
+// refused.
+func (ex *exchange) parseRequestBody(body []byte) (parsedBody, *extprocv3.ProcessingResponse) {
+	if int64(len(body)) > ex.srv.cfg.Limits.MaxBodyBytes {
+		return parsedBody{}, ex.envelope(envelope.RequestTooLarge, 0, envelope.Extra{})
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return parsedBody{}, nil
+	}
+	doc, err := fingerprint.ParseJSON(body, ex.srv.cfg.Limits.MaxJSONDepth)
+	if err != nil {
+		return parsedBody{}, ex.envelope(envelope.InvalidJSON, 0, envelope.Extra{Detail: err.Error()})
+	}
+	return parsedBody{doc: doc, present: true}, nil
+}
+
+// resolveSubject reads the subject from the configured header or from the
+// dynamic metadata namespace and path.
+func (ex *exchange) resolveSubject(hm *corev3.HeaderMap, md *corev3.Metadata) string {
+	src := ex.srv.cfg.Subject
+	if src.Header != "" {
+		v, _ := headerValue(hm, src.Header)
+		return strings.TrimSpace(v)
+	}
+	st := md.GetFilterMetadata()[src.MetadataNamespace]
+	if st == nil {
+		return ""
+	}
+	var v *structpb.Value
+	fields := st.GetFields()
+	for i, seg := range src.MetadataPath {
+		v = fields[seg]
+		if v == nil {
+			return ""
+		}
+		if i < len(src.MetadataPath)-1 {
+			fields = v.GetStructValue().GetFields()
+		}
+	}
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		return strings.TrimSpace(k.StringValue)
+	case *structpb.Value_NumberValue:
+		return strconv.FormatFloat(k.NumberValue, 'f', -1, 64)
+	}
+	return ""
+}
+
+// fingerprintFrom returns the fingerprint of a confirm or status request:
+// the body field when present (a non-string value is returned as found=true
+// with an empty token so it is rejected as malformed), else the
+// Idempotency-Fingerprint header.
+func (ex *exchange) fingerprintFrom(pb parsedBody) (token string, found bool) {
+	if obj, ok := pb.doc.(map[string]any); ok {
+		if v, ok := obj[ex.op.FingerprintField]; ok && v != nil {
+			s, isString := v.(string)
+			if !isString {
+				return "", true
+			}
+			if s != "" {
+				return s, true
+			}
+		}
+	}
+	if ex.headerFingerprint != "" {
+		return strings.TrimSpace(ex.headerFingerprint), true
+	}
+	return "", false
+}
+
+// envelope renders message m of the stream's operation (or the defaults
+// before one is known) as an ImmediateResponse, and counts the decision.
+func (ex *exchange) envelope(m envelope.Message, originalStatus int, x envelope.Extra, extra ...*corev3.HeaderValueOption) *extprocv3.ProcessingResponse {
+	set := ex.srv.cfg.Envelopes
+	if ex.op != nil && ex.op.Envelopes != nil {
+		set = ex.op.Envelopes
+	}
+	r := set.Render(m, ex.traceID, originalStatus, x)
+	ex.decision(r.Status)
+	return envelopeReply(r, extra...)
+}

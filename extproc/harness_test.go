@@ -1,0 +1,694 @@
+package extproc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/idemgate/idemgate/extproc/config"
+	"github.com/idemgate/idemgate/extproc/security"
+	"github.com/idemgate/idemgate/state"
+	"github.com/idemgate/idemgate/state/memory"
+)
+
+// Test keys (not secrets).
+var testKeys = map[string]string{
+	"K1": "dGVzdC1rZXktazEtbm90LWEtc2VjcmV0LTMyYnl0ZXM=",
+	"K0": "dGVzdC1rZXktazAtbm90LWEtc2VjcmV0LTMyYnl0ZXM=",
+}
+
+const testConfigYAML = `
+signing: {active_key: k1, keys: {k1: {env: K1}, k0: {env: K0}}}
+limits: {max_body_bytes: 4096}
+store: {timeout: 2s}
+ttl: {fingerprint: 15m, in_flight: 2m, terminal: 72h}
+operations:
+  - name: transfer
+    scope: payments.transfer
+    preview: {method: POST, path: /v1/transfers/preview}
+    confirm: {method: POST, path: /v1/transfers/confirm}
+    status: {method: POST, path: /v1/transfers/status}
+    preview_tool: transfer_preview
+    status_tool: transfer_status
+    params: [{path: amount, type: decimal}, currency, payee.account_id]
+    result_ref: transfer_id
+  - name: payout
+    scope: payments.payout
+    preview: {method: POST, path: "/v1/accounts/{account}/payouts/preview"}
+    confirm: {method: POST, path: "/v1/accounts/{account}/payouts/confirm"}
+    status: {method: POST, path: "/v1/accounts/{account}/payouts/status"}
+    preview_tool: payout_preview
+    status_tool: payout_status
+    params: [path.account, amount]
+    downstream_idempotency_header: ""
+    replay: raw
+  - name: cancel_order
+    scope: orders.cancel
+    preview: {method: POST, path: "/v1/orders/{order}/cancel/preview"}
+    confirm: {method: POST, path: "/v1/orders/{order}/cancel"}
+    status: {method: GET, path: "/v1/orders/{order}/cancel/status"}
+    preview_tool: cancel_preview
+    status_tool: cancel_status
+    params: [path.order]
+`
+
+func testConfig(t testing.TB, yaml string) *config.Runtime {
+	t.Helper()
+	rt, _, err := config.Parse("test.yaml", []byte(yaml), "", config.Options{LookupEnv: func(k string) (string, bool) {
+		v, ok := testKeys[k]
+		return v, ok
+	}})
+	require.NoError(t, err)
+	return rt
+}
+
+// clock is a settable clock shared by the server and the memory store.
+type clock struct{ ns atomic.Int64 }
+
+func newClock() *clock {
+	c := &clock{}
+	c.ns.Store(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano())
+	return c
+}
+func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()).UTC() }
+func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// syncBuffer collects log output written from several goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// countingStore counts calls per operation (and can inject failures and
+// panics), wrapping a real store. Hand-written, no mocks.
+type countingStore struct {
+	state.Store
+	mu     sync.Mutex
+	calls  map[string]int
+	fail   atomic.Bool // every call fails with state.ErrUnavailable
+	panics atomic.Bool // Acquire panics
+}
+
+func newCountingStore(s state.Store) *countingStore {
+	return &countingStore{Store: s, calls: map[string]int{}}
+}
+
+func (c *countingStore) count(op string) error {
+	c.mu.Lock()
+	c.calls[op]++
+	c.mu.Unlock()
+	if c.fail.Load() {
+		return state.Unavailable(op, errors.New("injected outage"))
+	}
+	return nil
+}
+
+func (c *countingStore) Calls(op string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls[op]
+}
+
+func (c *countingStore) Total() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, v := range c.calls {
+		n += v
+	}
+	return n
+}
+
+func (c *countingStore) Acquire(ctx context.Context, req state.AcquireRequest) (state.Answer, error) {
+	if c.panics.Load() {
+		panic("injected panic in Acquire")
+	}
+	if err := c.count(state.OpAcquire); err != nil {
+		return state.Answer{}, err
+	}
+	return c.Store.Acquire(ctx, req)
+}
+
+func (c *countingStore) Complete(ctx context.Context, claim state.Claim, comp state.Completion) (state.Answer, error) {
+	if err := c.count(state.OpComplete); err != nil {
+		return state.Answer{}, err
+	}
+	return c.Store.Complete(ctx, claim, comp)
+}
+
+func (c *countingStore) Release(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	if err := c.count(state.OpRelease); err != nil {
+		return state.Answer{}, err
+	}
+	return c.Store.Release(ctx, claim)
+}
+
+func (c *countingStore) MarkUnknown(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	if err := c.count(state.OpMarkUnknown); err != nil {
+		return state.Answer{}, err
+	}
+	return c.Store.MarkUnknown(ctx, claim)
+}
+
+func (c *countingStore) Takeover(ctx context.Context, req state.TakeoverRequest) (state.Answer, error) {
+	if err := c.count(state.OpTakeover); err != nil {
+		return state.Answer{}, err
+	}
+	return c.Store.Takeover(ctx, req)
+}
+
+func (c *countingStore) Get(ctx context.Context, key string) (state.Record, bool, error) {
+	if err := c.count(state.OpGet); err != nil {
+		return state.Record{}, false, err
+	}
+	return c.Store.Get(ctx, key)
+}
+
+// env is one server under test with its store, clock, logs and metrics.
+type env struct {
+	t       testing.TB
+	cfg     *config.Runtime
+	store   *countingStore
+	clock   *clock
+	logs    *syncBuffer
+	logger  *slog.Logger
+	reg     *prometheus.Registry
+	metrics *Metrics
+	srv     *Server
+}
+
+func newEnv(t testing.TB, backend state.Store, clk *clock) *env {
+	t.Helper()
+	if clk == nil {
+		clk = newClock()
+	}
+	if backend == nil {
+		backend = memory.New(memory.Options{Now: clk.Now})
+	}
+	e := &env{t: t, cfg: testConfig(t, testConfigYAML), clock: clk, logs: &syncBuffer{}, reg: prometheus.NewRegistry()}
+	e.metrics = NewMetrics(e.reg)
+	e.logger = slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	e.useStore(t, backend)
+	return e
+}
+
+// useStore (re)builds the server on backend.
+func (e *env) useStore(t testing.TB, backend state.Store) {
+	t.Helper()
+	e.store = newCountingStore(backend)
+	srv, err := NewServer(Options{
+		Config: e.cfg, Store: e.store, Logger: e.logger, Metrics: e.metrics,
+		Security: security.New(e.logger, e.metrics.SecurityCounters(), security.WebhookOptions{}),
+		Now:      e.clock.Now,
+	})
+	require.NoError(t, err)
+	e.srv = srv
+}
+
+// clientStream is the Envoy side of one ext_proc stream.
+type clientStream interface {
+	Send(*extprocv3.ProcessingRequest) error
+	Recv() (*extprocv3.ProcessingResponse, error)
+	// Close ends the stream the way Envoy does: half-close, then cancel.
+	Close()
+}
+
+// dialer opens streams to the server under test.
+type dialer interface {
+	open(t testing.TB) clientStream
+}
+
+// --- fake in-process stream (channels) -------------------------------------
+
+// fakeServerStream implements ExternalProcessor_ProcessServer over channels.
+type fakeServerStream struct {
+	grpc.ServerStream
+	ctx      context.Context
+	in       chan *extprocv3.ProcessingRequest
+	out      chan *extprocv3.ProcessingResponse
+	sendErr  atomic.Pointer[error]
+	received atomic.Int32
+}
+
+func (f *fakeServerStream) Context() context.Context { return f.ctx }
+
+func (f *fakeServerStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	select {
+	case <-f.ctx.Done():
+		return nil, f.ctx.Err()
+	case req, ok := <-f.in:
+		if !ok {
+			return nil, io.EOF
+		}
+		f.received.Add(1)
+		return req, nil
+	}
+}
+
+func (f *fakeServerStream) Send(resp *extprocv3.ProcessingResponse) error {
+	if p := f.sendErr.Load(); p != nil {
+		return *p
+	}
+	select {
+	case f.out <- resp:
+		return nil
+	case <-f.ctx.Done():
+		return f.ctx.Err()
+	}
+}
+
+func (f *fakeServerStream) SetHeader(metadata.MD) error  { return nil }
+func (f *fakeServerStream) SendHeader(metadata.MD) error { return nil }
+func (f *fakeServerStream) SetTrailer(metadata.MD)       {}
+
+// fakeClient drives a fakeServerStream served by srv.Process in a goroutine.
+type fakeClient struct {
+	s      *fakeServerStream
+	cancel context.CancelFunc
+	done   chan error
+	closed bool
+}
+
+func (c *fakeClient) Send(req *extprocv3.ProcessingRequest) error {
+	c.s.in <- req
+	return nil
+}
+
+func (c *fakeClient) Recv() (*extprocv3.ProcessingResponse, error) {
+	select {
+	case resp := <-c.s.out:
+		return resp, nil
+	case err := <-c.done:
+		c.done <- err
+		// Process may have sent its last reply just before returning.
+		select {
+		case resp := <-c.s.out:
+			return resp, nil
+		default:
+		}
+		if err == nil {
+			return nil, io.EOF
+		}
+		return nil, err
+	case <-time.After(10 * time.Second):
+		return nil, errors.New("fake stream: no reply within 10s")
+	}
+}
+
+func (c *fakeClient) Close() {
+	if !c.closed {
+		c.closed = true
+		close(c.s.in)
+	}
+	c.cancel()
+}
+
+// wait returns what Process returned.
+func (c *fakeClient) wait(t testing.TB) error {
+	select {
+	case err := <-c.done:
+		c.done <- err
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("Process did not return")
+		return nil
+	}
+}
+
+type fakeDialer struct{ srv *Server }
+
+func (d fakeDialer) open(t testing.TB) clientStream { return d.openFake(t) }
+
+func (d fakeDialer) openFake(t testing.TB) *fakeClient {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &fakeServerStream{ctx: ctx, in: make(chan *extprocv3.ProcessingRequest, 4), out: make(chan *extprocv3.ProcessingResponse, 4)}
+	c := &fakeClient{s: s, cancel: cancel, done: make(chan error, 1)}
+	go func() { c.done <- d.srv.Process(s) }()
+	t.Cleanup(cancel)
+	return c
+}
+
+// --- real gRPC ----------------------------------------------------------------
+
+type grpcDialer struct {
+	client extprocv3.ExternalProcessorClient
+}
+
+type grpcClient struct {
+	extprocv3.ExternalProcessor_ProcessClient
+	cancel context.CancelFunc
+}
+
+func (c *grpcClient) Close() {
+	_ = c.CloseSend()
+	c.cancel()
+}
+
+func (d grpcDialer) open(t testing.TB) clientStream {
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := d.client.Process(ctx)
+	require.NoError(t, err)
+	t.Cleanup(cancel)
+	return &grpcClient{ExternalProcessor_ProcessClient: s, cancel: cancel}
+}
+
+// startGRPC serves e.srv on a loopback port and returns a dialer.
+func (e *env) startGRPC(t testing.TB) grpcDialer {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	hs := health.NewServer()
+	SetServing(hs, true)
+	g := NewGRPCServer(e.srv, hs)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return grpcDialer{client: extprocv3.NewExternalProcessorClient(conn)}
+}
+
+// --- the Envoy side of one HTTP exchange (BUFFERED both ways) ---------------
+
+type header struct{ k, v string }
+
+// httpRequest is what the downstream client sends through Envoy.
+type httpRequest struct {
+	method, path string
+	headers      []header
+	body         []byte // nil: the request has no body (end_of_stream on headers)
+	metadata     *corev3.Metadata
+}
+
+// upstreamReply is what the upstream answers; reset simulates an upstream
+// timeout or reset (Envoy's local reply never reaches ext_proc: the stream
+// is just torn down).
+type upstreamReply struct {
+	status  int
+	headers []header
+	body    []byte
+	reset   bool
+}
+
+type upstreamFunc func(headers map[string]string, body []byte) upstreamReply
+
+// result is what happened to the exchange.
+type result struct {
+	immediate      *extprocv3.ImmediateResponse
+	upstreamCalled bool
+	upstreamHdrs   map[string]string
+	upstreamBody   []byte
+	// What the client received.
+	status  int
+	headers map[string]string
+	body    []byte
+	// replies counts the messages idemgate answered.
+	replies int
+}
+
+func (r result) json(t testing.TB) map[string]any {
+	t.Helper()
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(r.body, &m), string(r.body))
+	return m
+}
+
+func headerMap(hs []header) *corev3.HeaderMap {
+	hm := &corev3.HeaderMap{}
+	for _, h := range hs {
+		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: h.k, RawValue: []byte(h.v)})
+	}
+	return hm
+}
+
+// applyMutation applies a HeaderMutation like Envoy: removes first, then
+// sets, raw_value only, append unset = overwrite.
+func applyMutation(t testing.TB, hs map[string]string, m *extprocv3.HeaderMutation) {
+	t.Helper()
+	if m == nil {
+		return
+	}
+	for _, r := range m.RemoveHeaders {
+		delete(hs, r)
+	}
+	for _, s := range m.SetHeaders {
+		require.Empty(t, s.GetHeader().GetValue(), "header %s set through value, Envoy reads raw_value only", s.GetHeader().GetKey())
+		k := s.GetHeader().GetKey()
+		v := string(s.GetHeader().GetRawValue())
+		if s.GetAppend().GetValue() && hs[k] != "" {
+			hs[k] = hs[k] + "," + v
+			continue
+		}
+		hs[k] = v
+	}
+}
+
+// do runs one HTTP exchange through idemgate exactly as Envoy does with
+// processing_mode {request_body_mode: BUFFERED, response_body_mode:
+// BUFFERED}, headers SEND, trailers SKIP, allow_mode_override: true: one
+// message per phase, one reply each, header mutations in body replies
+// applied to the held headers, content-length checked after a body mutation.
+func do(t testing.TB, d dialer, req httpRequest, upstream upstreamFunc) result {
+	t.Helper()
+	s := d.open(t)
+	defer s.Close()
+	var res result
+	md := req.metadata
+	if md == nil {
+		md = &corev3.Metadata{}
+	}
+	reqHeaders := map[string]string{}
+	hs := append([]header{{":method", req.method}, {":path", req.path}, {":authority", "api.example"}, {":scheme", "http"}}, req.headers...)
+	if req.body != nil {
+		hs = append(hs, header{"content-length", strconv.Itoa(len(req.body))})
+	}
+	for _, h := range hs {
+		reqHeaders[h.k] = h.v
+	}
+	respBodyMode := filterv3.ProcessingMode_BUFFERED
+	respHeaderMode := filterv3.ProcessingMode_SEND
+	reqBodyMode := filterv3.ProcessingMode_BUFFERED
+
+	exchangeMsg := func(msg *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+		msg.MetadataContext = md
+		require.NoError(t, s.Send(msg))
+		resp, err := s.Recv()
+		require.NoError(t, err)
+		res.replies++
+		return resp
+	}
+	takeImmediate := func(resp *extprocv3.ProcessingResponse) bool {
+		im := resp.GetImmediateResponse()
+		if im == nil {
+			return false
+		}
+		res.immediate = im
+		res.status = int(im.GetStatus().GetCode())
+		if res.status < 200 {
+			res.status = 200
+		}
+		res.headers = map[string]string{}
+		applyMutation(t, res.headers, im.GetHeaders())
+		res.body = im.GetBody()
+		return true
+	}
+	applyMode := func(m *filterv3.ProcessingMode) {
+		if m == nil {
+			return
+		}
+		reqBodyMode = m.RequestBodyMode
+		respBodyMode = m.ResponseBodyMode
+		if m.ResponseHeaderMode != filterv3.ProcessingMode_DEFAULT {
+			respHeaderMode = m.ResponseHeaderMode
+		}
+	}
+
+	// request_headers (protocol_config only on the first message)
+	resp := exchangeMsg(&extprocv3.ProcessingRequest{
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_BUFFERED},
+		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headerMap(hs), EndOfStream: req.body == nil}},
+	})
+	if takeImmediate(resp) {
+		return res
+	}
+	require.NotNil(t, resp.GetRequestHeaders(), "spurious reply to request_headers: %v", resp)
+	applyMutation(t, reqHeaders, resp.GetRequestHeaders().GetResponse().GetHeaderMutation())
+	applyMode(resp.GetModeOverride())
+	reqBody := req.body
+
+	// request_body
+	if req.body != nil && reqBodyMode == filterv3.ProcessingMode_BUFFERED {
+		resp = exchangeMsg(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: req.body, EndOfStream: true}}})
+		if takeImmediate(resp) {
+			return res
+		}
+		require.NotNil(t, resp.GetRequestBody(), "spurious reply to request_body: %v", resp)
+		require.Nil(t, resp.GetModeOverride(), "mode_override in a body reply is ignored by Envoy")
+		applyMutation(t, reqHeaders, resp.GetRequestBody().GetResponse().GetHeaderMutation())
+		if bm := resp.GetRequestBody().GetResponse().GetBodyMutation(); bm != nil {
+			reqBody = bm.GetBody()
+		}
+	}
+
+	// upstream
+	res.upstreamCalled = true
+	res.upstreamHdrs = reqHeaders
+	res.upstreamBody = reqBody
+	up := upstream(reqHeaders, reqBody)
+	if up.reset {
+		// Envoy answers the client itself (503/504) and tears the stream down.
+		res.status = 504
+		return res
+	}
+	res.status = up.status
+	respHeaders := map[string]string{":status": strconv.Itoa(up.status)}
+	rhs := append([]header{{":status", strconv.Itoa(up.status)}}, up.headers...)
+	if len(up.body) > 0 {
+		rhs = append(rhs, header{"content-length", strconv.Itoa(len(up.body))})
+	}
+	for _, h := range rhs {
+		respHeaders[h.k] = h.v
+	}
+	respBody := up.body
+
+	if respHeaderMode == filterv3.ProcessingMode_SEND {
+		resp = exchangeMsg(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{Headers: headerMap(rhs), EndOfStream: len(up.body) == 0}}})
+		if takeImmediate(resp) {
+			return res
+		}
+		require.NotNil(t, resp.GetResponseHeaders(), "spurious reply to response_headers: %v", resp)
+		applyMutation(t, respHeaders, resp.GetResponseHeaders().GetResponse().GetHeaderMutation())
+		applyMode(resp.GetModeOverride())
+		if len(up.body) > 0 && respBodyMode == filterv3.ProcessingMode_BUFFERED {
+			resp = exchangeMsg(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: up.body, EndOfStream: true}}})
+			if takeImmediate(resp) {
+				return res
+			}
+			require.NotNil(t, resp.GetResponseBody(), "spurious reply to response_body: %v", resp)
+			applyMutation(t, respHeaders, resp.GetResponseBody().GetResponse().GetHeaderMutation())
+			if bm := resp.GetResponseBody().GetResponse().GetBodyMutation(); bm != nil {
+				respBody = bm.GetBody()
+				// BUFFERED + header SEND: Envoy 500s on a length mismatch.
+				if cl, ok := respHeaders["content-length"]; ok {
+					require.Equal(t, strconv.Itoa(len(respBody)), cl, "content-length must match the mutated body")
+				}
+			}
+		}
+	}
+	res.headers = respHeaders
+	res.body = respBody
+	return res
+}
+
+// --- the demo upstream ------------------------------------------------------
+
+// payments is a test upstream that honours Idempotency-Key: a repeated key
+// gets the first answer again without executing twice.
+type payments struct {
+	mu         sync.Mutex
+	executions int
+	byKey      map[string]upstreamReply
+	next       func(n int) upstreamReply // overrides the default 201
+}
+
+func newPayments() *payments { return &payments{byKey: map[string]upstreamReply{}} }
+
+func (p *payments) Executions() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.executions
+}
+
+func (p *payments) handle(headers map[string]string, body []byte) upstreamReply {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	key := headers["idempotency-key"]
+	if r, ok := p.byKey[key]; ok && key != "" {
+		return r
+	}
+	p.executions++
+	var r upstreamReply
+	if p.next != nil {
+		r = p.next(p.executions)
+	} else {
+		r = upstreamReply{status: 201, headers: []header{{"content-type", "application/json"}, {"x-upstream", "1"}},
+			body: []byte(fmt.Sprintf(`{"transfer_id":"tr_%d","state":"executed"}`, p.executions))}
+	}
+	if key != "" && !r.reset {
+		p.byKey[key] = r
+	}
+	return r
+}
+
+// previewOK is an upstream answering a preview quote.
+func previewOK(headers map[string]string, body []byte) upstreamReply {
+	return upstreamReply{status: 200, headers: []header{{"content-type", "application/json"}}, body: []byte(`{"quote":{"fee":"0.50"},"amount":"100.00"}`)}
+}
+
+func neverCalled(t testing.TB) upstreamFunc {
+	return func(map[string]string, []byte) upstreamReply {
+		t.Fatal("the upstream must not be contacted")
+		return upstreamReply{}
+	}
+}
+
+// transfer builds a transfer request body.
+func transferBody(amount, currency, account, fp string) []byte {
+	m := map[string]any{"amount": json.RawMessage(amount), "currency": currency, "payee": map[string]any{"account_id": account}, "memo": "rent"}
+	if fp != "" {
+		m["fingerprint"] = fp
+	}
+	b, _ := json.Marshal(m)
+	return b
+}
+
+func post(path string, subject string, body []byte, extra ...header) httpRequest {
+	hs := []header{{"x-request-id", "req-" + strings.ReplaceAll(path, "/", "_")}, {"content-type", "application/json"}}
+	if subject != "" {
+		hs = append(hs, header{"x-idemgate-subject", subject})
+	}
+	return httpRequest{method: "POST", path: path, headers: append(hs, extra...), body: body}
+}
+
+// preview runs a transfer preview and returns the fingerprint.
+func preview(t testing.TB, d dialer, subject, amount string) string {
+	t.Helper()
+	res := do(t, d, post("/v1/transfers/preview", subject, transferBody(amount, "EUR", "DE89", "")), previewOK)
+	require.Nil(t, res.immediate, "preview refused: %s", res.body)
+	fp := res.json(t)["fingerprint"].(string)
+	require.NotEmpty(t, fp)
+	return fp
+}

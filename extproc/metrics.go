@@ -1,0 +1,123 @@
+package extproc
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemgate/idemgate/extproc/security"
+	"github.com/idemgate/idemgate/state"
+)
+
+// Metrics are idemgate's Prometheus collectors, registered on a registry the
+// caller owns (never the global one). Every label is bounded by the config:
+// operation names, route kinds, envelope statuses, store op names, reasons.
+type Metrics struct {
+	decisions      *prometheus.CounterVec
+	storeLatency   *prometheus.HistogramVec
+	fallbacks      *prometheus.CounterVec
+	securityEvents *prometheus.CounterVec
+	openStreams    prometheus.Gauge
+	panics         prometheus.Counter
+	notOwner       *prometheus.CounterVec
+	settlements    *prometheus.CounterVec
+	passthrough    prometheus.Counter
+	webhook        *prometheus.CounterVec
+	ready          prometheus.Gauge
+}
+
+// NewMetrics creates the collectors and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_decisions_total",
+			Help: "What idemgate decided per request: route kind (preview, confirm, status) and outcome (an envelope status, acquired, signed, passed_through).",
+		}, []string{"operation", "route", "outcome"}),
+		storeLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemgate_store_call_duration_seconds",
+			Help:    "Latency of store calls by backend, operation and result (ok, error).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"backend", "op", "result"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_store_fallbacks_total",
+			Help: "Store calls answered by a fallback path (e.g. PostgreSQL only while Redis is unreachable), by reason.",
+		}, []string{"reason"}),
+		securityEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_security_events_total",
+			Help: "Security events (event=security_alert) by reason.",
+		}, []string{"reason"}),
+		openStreams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemgate_open_streams",
+			Help: "ext_proc streams currently open.",
+		}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemgate_panics_total",
+			Help: "Panics recovered while processing a stream (answered with internal_error).",
+		}),
+		notOwner: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_not_owner_total",
+			Help: "Completions refused because the record had moved to another owner (a late answer after a takeover).",
+		}, []string{"operation"}),
+		settlements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_settlements_total",
+			Help: "How confirm records were settled after the upstream call: done, failed, released, marked_unknown, not_owner, error.",
+		}, []string{"operation", "result"}),
+		passthrough: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemgate_passthrough_streams_total",
+			Help: "Streams for routes no operation matches, passed through untouched.",
+		}),
+		webhook: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_security_webhook_total",
+			Help: "Security webhook deliveries by result: sent, failed, dropped (queue full).",
+		}, []string{"result"}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemgate_ready",
+			Help: "1 while the required store answers and the process is not draining.",
+		}),
+	}
+	reg.MustRegister(m.decisions, m.storeLatency, m.fallbacks, m.securityEvents, m.openStreams,
+		m.panics, m.notOwner, m.settlements, m.passthrough, m.webhook, m.ready)
+	return m
+}
+
+// StoreObserver reports store call latency; pass it to state.Instrument.
+func (m *Metrics) StoreObserver() state.Observer {
+	return state.ObserverFunc(func(backend, op string, took time.Duration, err error) {
+		result := "ok"
+		if err != nil {
+			result = "error"
+		}
+		m.storeLatency.WithLabelValues(backend, op, result).Observe(took.Seconds())
+	})
+}
+
+// Fallback counts a store fallback (for backends that report them).
+func (m *Metrics) Fallback(reason string) { m.fallbacks.WithLabelValues(reason).Inc() }
+
+// SecurityCounters are the counters a security.Reporter bumps.
+func (m *Metrics) SecurityCounters() security.Counters {
+	return security.Counters{
+		Event:          func(reason string) { m.securityEvents.WithLabelValues(reason).Inc() },
+		WebhookSent:    func() { m.webhook.WithLabelValues("sent").Inc() },
+		WebhookDropped: func() { m.webhook.WithLabelValues("dropped").Inc() },
+		WebhookFailed:  func() { m.webhook.WithLabelValues("failed").Inc() },
+	}
+}
+
+// SetReady records readiness for /metrics.
+func (m *Metrics) SetReady(ready bool) {
+	if ready {
+		m.ready.Set(1)
+	} else {
+		m.ready.Set(0)
+	}
+}
+
+// storeResult labels a store error for logs: unavailable or other.
+func storeErrorKind(err error) string {
+	if errors.Is(err, state.ErrUnavailable) {
+		return "unavailable"
+	}
+	return "error"
+}

@@ -1,0 +1,106 @@
+package extproc
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/idemgate/idemgate/extproc/envelope"
+	"github.com/idemgate/idemgate/fingerprint"
+)
+
+// previewRequest checks the preview request (size, JSON, subject) and keeps
+// the hashed params on the stream for the response. No store is touched.
+func (ex *exchange) previewRequest(body []byte, headersOnly bool) (*extprocv3.ProcessingResponse, bool) {
+	pb, refused := ex.parseRequestBody(body)
+	if refused != nil {
+		return refused, true
+	}
+	if ex.subject == "" {
+		return ex.envelope(envelope.SubjectRequired, 0, envelope.Extra{}), true
+	}
+	params, err := ex.op.Selector.Select(pb.doc, ex.vars)
+	if err != nil {
+		return ex.envelope(envelope.InvalidParams, 0, envelope.Extra{Detail: err.Error()}), true
+	}
+	ex.params = params
+	if headersOnly {
+		return requestHeadersReply(nil, nil), false
+	}
+	return requestBodyReply(nil), false
+}
+
+// responseStatus reads :status (0 when missing or malformed).
+func responseStatus(h *extprocv3.HttpHeaders) int {
+	v, _ := headerValue(h.GetHeaders(), hdrStatus)
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+func (ex *exchange) previewResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, bool) {
+	st := responseStatus(h)
+	if st < 200 || st > 299 {
+		// Non-2xx: pass through untouched and do not ask for the body.
+		ex.decision("passed_through")
+		return responseHeadersReply(nil, noResponseBodyMode), true
+	}
+	if !h.GetEndOfStream() {
+		return responseHeadersReply(nil, nil), false
+	}
+	// A bodiless 2xx: the header alone carries the fingerprint.
+	token, _, err := ex.sign()
+	if err != nil {
+		ex.logger().Error("failed to sign a fingerprint; preview passed through without one", "error", err)
+		ex.decision("sign_failed")
+		return responseHeadersReply(nil, nil), true
+	}
+	ex.decision("signed_header_only")
+	return responseHeadersReply(&extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(hdrFingerprint, []byte(token))}}, nil), true
+}
+
+// previewResponseBody signs the fingerprint and injects it, with its expiry,
+// into the JSON object body, sets Idempotency-Fingerprint and the new
+// content-length in the same reply (BUFFERED with headers SEND: Envoy
+// compares content-length with the mutated body).
+func (ex *exchange) previewResponseBody(body []byte) (*extprocv3.ProcessingResponse, bool) {
+	token, claims, err := ex.sign()
+	if err != nil {
+		ex.logger().Error("failed to sign a fingerprint; preview passed through without one", "error", err)
+		ex.decision("sign_failed")
+		return responseBodyReply(nil, nil, false), true
+	}
+	headers := make([]*corev3.HeaderValueOption, 1, 2)
+	headers[0] = setHeader(hdrFingerprint, []byte(token))
+	expires := claims.ExpiresAt().UTC().Format(time.RFC3339)
+	out, ok := injectFields(body, field{ex.op.FingerprintField, token}, field{ex.op.ExpiresAtField, expires})
+	if !ok {
+		ex.logger().Warn("preview response body is not a JSON object; the fingerprint is sent in the Idempotency-Fingerprint header only",
+			"content_length", len(body))
+		ex.decision("signed_header_only")
+		return responseBodyReply(&extprocv3.HeaderMutation{SetHeaders: headers}, nil, false), true
+	}
+	headers = append(headers, setHeader(hdrContentLength, strconv.AppendInt(nil, int64(len(out)), 10)))
+	ex.decision("signed")
+	return responseBodyReply(&extprocv3.HeaderMutation{SetHeaders: headers}, out, true), true
+}
+
+// sign issues a fingerprint for the stream's subject and params.
+func (ex *exchange) sign() (string, fingerprint.Claims, error) {
+	nonce, err := fingerprint.NewNonce()
+	if err != nil {
+		return "", fingerprint.Claims{}, err
+	}
+	return ex.srv.cfg.Keys.Sign(fingerprint.SignRequest{
+		Subject: ex.subject,
+		Scope:   ex.op.Scope,
+		Params:  ex.params,
+		Nonce:   nonce,
+		Expiry:  ex.srv.now().Add(ex.srv.cfg.TTL.Fingerprint),
+	})
+}

@@ -1,0 +1,202 @@
+// Package extproc is idemgate's Envoy external-processing server: for every
+// HTTP request of a configured operation Envoy opens one
+// envoy.service.ext_proc.v3.ExternalProcessor/Process stream, and the server
+// runs the preview, confirm or status phase machine of DESIGN section 4 on
+// it. Traffic for other routes passes through untouched.
+//
+// Per stream the server answers exactly one reply per message Envoy sends
+// (or one ImmediateResponse that ends the stream), never waits for a message
+// Envoy will not send, and makes every store call on a context detached from
+// the stream's cancellation, bounded by store.timeout: a stream Envoy tears
+// down never leaves a half-done store call behind.
+package extproc
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime/debug"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemgate/idemgate/extproc/config"
+	"github.com/idemgate/idemgate/extproc/envelope"
+	"github.com/idemgate/idemgate/extproc/security"
+	"github.com/idemgate/idemgate/state"
+)
+
+// SecurityReporter receives security events (security.Reporter implements it).
+type SecurityReporter interface {
+	Report(ctx context.Context, e security.Event)
+}
+
+// Options configure a Server.
+type Options struct {
+	Config  *config.Runtime
+	Store   state.Store
+	Logger  *slog.Logger
+	Metrics *Metrics
+	// Security receives security events; nil logs them through a reporter
+	// built from Logger and Metrics.
+	Security SecurityReporter
+	// Now is the clock used for fingerprint expiry; nil means time.Now.
+	Now func() time.Time
+	// InstanceID distinguishes this process in record owners; empty means a
+	// random one.
+	InstanceID string
+}
+
+// Server implements envoy.service.ext_proc.v3.ExternalProcessor.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	cfg      *config.Runtime
+	store    state.Store
+	log      *slog.Logger
+	metrics  *Metrics
+	security SecurityReporter
+	now      func() time.Time
+	instance string
+	owners   atomic.Uint64
+
+	storeTimeout time.Duration
+}
+
+var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
+
+// NewServer checks opts and returns a Server.
+func NewServer(opts Options) (*Server, error) {
+	if opts.Config == nil {
+		return nil, errors.New("extproc: config is required")
+	}
+	if opts.Store == nil {
+		return nil, errors.New("extproc: store is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Metrics == nil {
+		return nil, errors.New("extproc: metrics are required")
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Security == nil {
+		opts.Security = security.New(opts.Logger, opts.Metrics.SecurityCounters(), security.WebhookOptions{})
+	}
+	if opts.InstanceID == "" {
+		var b [6]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, fmt.Errorf("failed to create an instance id: %w", err)
+		}
+		opts.InstanceID = hex.EncodeToString(b[:])
+	}
+	return &Server{
+		cfg:          opts.Config,
+		store:        opts.Store,
+		log:          opts.Logger,
+		metrics:      opts.Metrics,
+		security:     opts.Security,
+		now:          opts.Now,
+		instance:     opts.InstanceID,
+		storeTimeout: opts.Config.Store.Timeout,
+	}, nil
+}
+
+// newOwner returns a record owner id unique to this attempt.
+func (s *Server) newOwner() string {
+	return s.instance + "-" + strconv.FormatUint(s.owners.Add(1), 36)
+}
+
+// storeContext is the context of one store call: detached from the stream's
+// cancellation (Envoy cancelling the stream must not cut a write in half)
+// and bounded by store.timeout.
+func (s *Server) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), s.storeTimeout)
+}
+
+// Process runs one ext_proc stream: one HTTP request.
+func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	s.metrics.openStreams.Inc()
+	defer s.metrics.openStreams.Dec()
+	ex := &exchange{srv: s, ctx: stream.Context()}
+	// Whatever ends the stream, a record this stream acquired is settled
+	// before Process returns (DESIGN section 8: within one second).
+	defer ex.finish()
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		}
+		resp, end := ex.handleSafely(req)
+		if resp != nil {
+			if err := stream.Send(resp); err != nil {
+				ex.replyFailed()
+				if status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
+					return nil
+				}
+				return err
+			}
+			ex.replySent()
+		}
+		if end {
+			// Returning nil closes the stream with OK: Envoy continues the
+			// request without us (unmodified) if it still expected anything.
+			return nil
+		}
+	}
+}
+
+// handleSafely runs one message through the phase machine, turning a panic
+// into an internal_error envelope (the process never crashes on one request).
+func (ex *exchange) handleSafely(req *extprocv3.ProcessingRequest) (resp *extprocv3.ProcessingResponse, end bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			ex.srv.metrics.panics.Inc()
+			ex.logger().Error("recovered panic while processing a stream", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			// The ImmediateResponse replaces whatever we were going to send:
+			// a claim whose reply never went out is released (the upstream
+			// was never contacted); any other held claim is settled by finish.
+			if ex.pendingAcquired && !ex.settled {
+				ex.releaseUnsent()
+			}
+			resp, end = ex.envelope(envelope.InternalError, 0, envelope.Extra{}), true
+		}
+	}()
+	return ex.handle(req)
+}
+
+// logger returns the request-scoped logger (built on first use).
+func (ex *exchange) logger() *slog.Logger {
+	if ex.log == nil {
+		l := ex.srv.log
+		if ex.traceID != "" {
+			l = l.With("trace_id", ex.traceID)
+		}
+		if ex.op != nil {
+			l = l.With("operation", ex.op.Name, "route", ex.kind.String())
+		}
+		ex.log = l
+	}
+	return ex.log
+}
+
+func (ex *exchange) decision(outcome string) {
+	name := ""
+	if ex.op != nil {
+		name = ex.op.Name
+	}
+	ex.srv.metrics.decisions.WithLabelValues(name, ex.kind.String(), outcome).Inc()
+}

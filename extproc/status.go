@@ -1,0 +1,66 @@
+package extproc
+
+import (
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/idemgate/idemgate/extproc/envelope"
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/state"
+)
+
+// statusRequest answers the status route itself (DESIGN section 4): the
+// fingerprint's MAC, scope and subject are verified (an expired fingerprint
+// may still ask), the record is read, and the answer is HTTP 200 with
+// status not_started | in_progress | completed | failed |
+// needs_reconciliation and the stored result when terminal.
+func (ex *exchange) statusRequest(body []byte, _ bool) (*extprocv3.ProcessingResponse, bool) {
+	pb, refused := ex.parseRequestBody(body)
+	if refused != nil {
+		return refused, true
+	}
+	if ex.subject == "" {
+		return ex.envelope(envelope.SubjectRequired, 0, envelope.Extra{}), true
+	}
+	token, found := ex.fingerprintFrom(pb)
+	if !found {
+		return ex.envelope(envelope.StatusFingerprintRequired, 0, envelope.Extra{}), true
+	}
+	claims, err := ex.srv.cfg.Keys.Verify(token, fingerprint.Expect{Subject: ex.subject, Scope: ex.op.Scope, AllowExpired: true}, ex.srv.now())
+	if err != nil {
+		return ex.verifyFailed(err, claims, true), true
+	}
+	ctx, cancel := ex.srv.storeContext(ex.ctx)
+	rec, found, err := ex.srv.store.Get(ctx, claims.Nonce)
+	cancel()
+	if err != nil {
+		return ex.storeFailed("get", err), true
+	}
+	if !found {
+		return ex.envelope(envelope.StatusNotStarted, 0, envelope.Extra{}), true
+	}
+	switch rec.State {
+	case state.StateInFlight:
+		if !rec.LeaseExpired {
+			return ex.envelope(envelope.StatusInProgress, 0, envelope.Extra{}), true
+		}
+		// The owner is gone (its lease ran out with no settlement).
+		if ex.op.HonoursKeys() {
+			return ex.envelope(envelope.StatusInterrupted, 0, envelope.Extra{}), true
+		}
+		return ex.envelope(envelope.StatusNeedsReconciliation, 0, envelope.Extra{}), true
+	case state.StateDone, state.StateFailed:
+		msg := envelope.StatusCompleted
+		if rec.State == state.StateFailed {
+			msg = envelope.StatusFailed
+		}
+		res := rec.Result
+		if res == nil {
+			res = &state.Result{}
+		}
+		return ex.envelope(msg, 0, envelope.Extra{
+			HasResult: true, ResultRef: ex.resultRef(res, claims.Nonce), Result: res.Body, ResultStatus: res.Status,
+		}), true
+	default: // UNKNOWN
+		return ex.envelope(envelope.StatusNeedsReconciliation, 0, envelope.Extra{}), true
+	}
+}
