@@ -1,0 +1,95 @@
+package floor
+
+import (
+	"net"
+	"strings"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+
+	"github.com/idemgate/idemgate/e2e/loadgen/driver"
+	"github.com/idemgate/idemgate/internal/testutil"
+)
+
+func serve(t *testing.T, srv extprocv3.ExternalProcessorServer) *driver.Conns {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, srv)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conns, err := driver.Dial(t.Context(), lis.Addr().String(), 1)
+	require.NoError(t, err)
+	t.Cleanup(conns.Close)
+	return conns
+}
+
+func hv(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
+
+func confirmRequest() *driver.Request {
+	return &driver.Request{
+		Headers: []*corev3.HeaderValue{
+			hv(":authority", "payments.local"), hv(":path", "/v1/transfers/confirm"), hv(":method", "POST"),
+			hv(":scheme", "http"), hv("content-type", "application/json"), hv("content-length", "2"),
+		},
+		Body:            []byte(`{}`),
+		UpstreamStatus:  200,
+		ResponseHeaders: []*corev3.HeaderValue{hv(":status", "200"), hv("content-length", "22")},
+		ResponseBody:    []byte(`{"transfer_id":"tr_1"}`),
+	}
+}
+
+func TestNoopContinuesEveryPhase(t *testing.T) {
+	conns := serve(t, Noop{})
+	for i := 0; i < 3; i++ {
+		require.Equal(t, driver.Outcome{Status: 200}, driver.EnvoyFilter().Do(t.Context(), conns.Next(), confirmRequest(), nil))
+	}
+}
+
+func TestIOFloorMakesExactlyTheConfirmRoundTrips(t *testing.T) {
+	r := testutil.StartRedis(t)
+	dsn := testutil.CreateDatabase(t)
+	rdb := goredis.NewClient(&goredis.Options{Addr: r.Addr})
+	defer rdb.Close()
+	pool, err := pgxpool.New(t.Context(), dsn)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	srv, err := NewIO(t.Context(), IOOptions{Redis: rdb, Postgres: pool})
+	require.NoError(t, err)
+	require.NoError(t, rdb.ConfigResetStat(t.Context()).Err())
+	conns := serve(t, srv)
+
+	const n = 25
+	for i := 0; i < n; i++ {
+		require.Equal(t, driver.Outcome{Status: 200}, driver.EnvoyFilter().Do(t.Context(), conns.Next(), confirmRequest(), nil))
+	}
+
+	var rows, done int
+	require.NoError(t, pool.QueryRow(t.Context(),
+		`SELECT count(*), count(*) FILTER (WHERE state = 'DONE' AND result_body = '{"transfer_id":"tr_1"}'::bytea) FROM `+Table).Scan(&rows, &done))
+	require.Equal(t, n, rows, "one INSERT per request")
+	require.Equal(t, n, done, "one UPDATE per request, with the response body")
+
+	keys, err := rdb.Keys(t.Context(), "iofloor:*").Result()
+	require.NoError(t, err)
+	require.Len(t, keys, n)
+	require.Equal(t, "DONE", rdb.HGet(t.Context(), keys[0], "state").Val())
+
+	stats, err := rdb.Info(t.Context(), "commandstats").Result()
+	require.NoError(t, err)
+	calls := map[string]string{}
+	for _, line := range strings.Split(stats, "\r\n") {
+		if name, rest, ok := strings.Cut(line, ":"); ok && strings.HasPrefix(name, "cmdstat_") {
+			calls[strings.TrimPrefix(name, "cmdstat_")] = strings.Split(strings.TrimPrefix(rest, "calls="), ",")[0]
+		}
+	}
+	require.Equal(t, "50", calls["evalsha"], "two EVALSHA per request: %v", calls)
+	require.NotContains(t, calls, "eval", "scripts were preloaded, no EVAL fallback")
+}

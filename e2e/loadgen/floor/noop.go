@@ -1,0 +1,92 @@
+// Package floor holds the reference ext_proc servers idemgate is measured
+// against: Noop, the protocol floor (CONTINUE to everything, nothing else),
+// and IO, the I/O floor (Noop plus exactly the store round trips of one
+// first-time confirm).
+package floor
+
+import (
+	"errors"
+	"io"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// The CONTINUE replies, built once: a reply with no CommonResponse is
+// CONTINUE with no mutation. Sending shares them across streams, which is
+// safe because messages are only read once built.
+var (
+	continueRequestHeaders = &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}},
+	}
+	continueRequestBody = &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}},
+	}
+	continueResponseHeaders = &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}},
+	}
+	continueResponseBody = &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}},
+	}
+	continueRequestTrailers = &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}},
+	}
+	continueResponseTrailers = &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}},
+	}
+)
+
+// continueFor returns the CONTINUE reply matching a message.
+func continueFor(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+	switch req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return continueRequestHeaders, nil
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return continueRequestBody, nil
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return continueResponseHeaders, nil
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return continueResponseBody, nil
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return continueRequestTrailers, nil
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return continueResponseTrailers, nil
+	}
+	return nil, status.Error(codes.InvalidArgument, "unknown ext_proc message")
+}
+
+// streamEnded reports a Recv error that is Envoy ending the stream normally.
+func streamEnded(err error) bool {
+	return errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled
+}
+
+// Noop is the protocol floor: it answers every message with CONTINUE.
+type Noop struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+var _ extprocv3.ExternalProcessorServer = Noop{}
+
+// Process answers one stream.
+func (Noop) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			if streamEnded(err) {
+				return nil
+			}
+			return err
+		}
+		resp, err := continueFor(req)
+		if err != nil {
+			return err
+		}
+		if err := stream.Send(resp); err != nil {
+			if streamEnded(err) {
+				return nil
+			}
+			return err
+		}
+	}
+}
