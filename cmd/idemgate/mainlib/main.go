@@ -1,0 +1,122 @@
+// Package mainlib is the idemgate binary as an importable package, so tests
+// and the end-to-end harness can run every subcommand in-process.
+package mainlib
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/idemgate/idemgate/extproc/config"
+)
+
+// Version is set at build time (-ldflags -X .../mainlib.Version=...).
+var Version = "dev"
+
+// ErrUsage marks a command-line mistake; the usage has been printed.
+var ErrUsage = errors.New("usage error")
+
+const usage = `idemgate — exactly-once execution for money-moving API calls made by LLM agents
+(an Envoy ext_proc server).
+
+Usage:
+  idemgate serve --config FILE [--grpc-listen ADDR] [--admin-listen ADDR]
+      Serve ext_proc (gRPC) and the admin endpoints (/metrics /healthz /readyz).
+  idemgate check-config --config FILE
+      Check a config file: list every problem, or print a summary.
+  idemgate keygen
+      Print a new signing key (base64 of 32 random bytes) for IDEMGATE_KEY_*.
+  idemgate migrate (--config FILE | --dsn DSN)
+      Apply the PostgreSQL migrations.
+  idemgate ops list [--state UNKNOWN|IN_FLIGHT|DONE|FAILED] [--older-than 10m] [--limit N] (--config FILE | --dsn DSN)
+  idemgate ops show NONCE (--config FILE | --dsn DSN)
+  idemgate ops resolve NONCE (--done|--failed) --status N --body @FILE|TEXT [--content-type TYPE] (--config FILE | --dsn DSN)
+      Reconciliation (对账): find records a person must settle, read them, settle them.
+  idemgate demo
+      One-process demo (not wired into this binary yet).
+  idemgate version
+  idemgate help
+`
+
+// Main runs one idemgate command. ctx is cancelled on SIGTERM/SIGINT; serve
+// then drains. Results go to stdout, logs and problems to stderr.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return ErrUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return serve(ctx, rest, stderr)
+	case "check-config":
+		return checkConfig(rest, stdout, stderr)
+	case "keygen":
+		return keygen(rest, stdout, stderr)
+	case "migrate":
+		return migrate(ctx, rest, stdout, stderr)
+	case "ops":
+		return ops(ctx, rest, stdout, stderr)
+	case "demo":
+		return errors.New("demo: not wired yet")
+	case "version", "--version":
+		fmt.Fprintln(stdout, "idemgate", Version)
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprintf(stderr, "unknown command %q\n\n%s", cmd, usage)
+		return ErrUsage
+	}
+}
+
+// newFlagSet returns a flag set that reports errors instead of exiting.
+func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// parseFlags parses args, allowing flags after positional arguments
+// ("ops show NONCE --dsn X"), and returns the positional arguments.
+func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, ErrUsage
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return positional, nil
+		}
+		positional = append(positional, args[0])
+		args = args[1:]
+	}
+}
+
+// newLogger builds the process logger.
+func newLogger(w io.Writer, s config.LogSettings) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: s.Level}
+	if s.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// problemsError lists a config's problems one per line.
+func problemsError(path string, err error) error {
+	return fmt.Errorf("invalid config %s:\n%w", path, err)
+}
+
+// countProblems counts the joined problems of a config error.
+func countProblems(err error) int {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return len(j.Unwrap())
+	}
+	return strings.Count(err.Error(), "\n") + 1
+}

@@ -1,0 +1,188 @@
+package mainlib
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/idemgate/idemgate/extproc"
+	"github.com/idemgate/idemgate/extproc/config"
+	"github.com/idemgate/idemgate/extproc/security"
+)
+
+// serve runs the ext_proc server until ctx is cancelled, then drains:
+// NOT_SERVING (and /readyz failing) for drain.period while streams are still
+// accepted, then GracefulStop bounded by drain.timeout, then Stop.
+func serve(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := newFlagSet("serve", stderr)
+	path := fs.String("config", "", "config file")
+	grpcListen := fs.String("grpc-listen", "", "override grpc_listen (e.g. 127.0.0.1:0)")
+	adminListen := fs.String("admin-listen", "", "override admin_listen (e.g. 127.0.0.1:0)")
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *path == "" {
+		fmt.Fprintln(stderr, "serve: --config is required")
+		return ErrUsage
+	}
+	rt, warns, err := config.Load(*path, config.Options{})
+	if err != nil {
+		var p *config.Problem
+		if errors.As(err, &p) {
+			return problemsError(*path, err)
+		}
+		return err
+	}
+	if *grpcListen != "" {
+		rt.GRPCListen = *grpcListen
+	}
+	if *adminListen != "" {
+		rt.AdminListen = *adminListen
+	}
+	logger := newLogger(stderr, rt.Log)
+	for _, w := range warns {
+		logger.Warn("config warning", "problem", w.Error())
+	}
+	return run(ctx, rt, logger, stderr)
+}
+
+// run serves a compiled config.
+func run(ctx context.Context, rt *config.Runtime, logger *slog.Logger, stderr io.Writer) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := extproc.NewMetrics(reg)
+
+	if rt.Store.Backend() == "memory" {
+		logger.Warn("RUNNING ON THE EMBEDDED MEMORY STORE: idempotency records live in this process only and are lost on restart; " +
+			"several replicas do not share them. Configure store.redis and store.postgres for production.")
+	}
+	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBackground()
+	ss, err := openStore(bg, rt, metrics, logger)
+	if err != nil {
+		return err
+	}
+	defer ss.store.Close()
+
+	reporter := security.New(logger, metrics.SecurityCounters(), security.WebhookOptions{
+		URL: rt.Webhook.URL, Timeout: rt.Webhook.Timeout, QueueSize: rt.Webhook.QueueSize,
+	})
+	defer reporter.Close()
+	srv, err := extproc.NewServer(extproc.Options{Config: rt, Store: ss.store, Logger: logger, Metrics: metrics, Security: reporter})
+	if err != nil {
+		return err
+	}
+	hs := health.NewServer()
+	extproc.SetServing(hs, true)
+	gs := extproc.NewGRPCServer(srv, hs)
+
+	grpcLis, err := net.Listen("tcp", rt.GRPCListen)
+	if err != nil {
+		return fmt.Errorf("failed to listen on grpc_listen %s: %w", rt.GRPCListen, err)
+	}
+	adminLis, err := net.Listen("tcp", rt.AdminListen)
+	if err != nil {
+		grpcLis.Close()
+		return fmt.Errorf("failed to listen on admin_listen %s: %w", rt.AdminListen, err)
+	}
+	ready := &readiness{}
+	ready.set(false, "starting")
+	go ready.watch(bg, ss, metrics, logger)
+	go sweep(bg, ss.store, logger)
+
+	admin := &http.Server{Handler: adminHandler(reg, hs, ready, ss.backend), ReadHeaderTimeout: 5 * time.Second}
+	errs := make(chan error, 2)
+	go func() {
+		if err := gs.Serve(grpcLis); err != nil {
+			errs <- fmt.Errorf("grpc server stopped: %w", err)
+		}
+	}()
+	go func() {
+		if err := admin.Serve(adminLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs <- fmt.Errorf("admin server stopped: %w", err)
+		}
+	}()
+	logger.Info("idemgate serving", "version", Version, "grpc", grpcLis.Addr().String(), "admin", adminLis.Addr().String(),
+		"store", ss.backend, "operations", len(rt.Operations))
+	// One plain line, whatever the log format, for harnesses to wait on.
+	fmt.Fprintln(stderr, "ready")
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errs:
+	}
+
+	// Drain: tell Envoy (gRPC health) and Kubernetes (/readyz) first, keep
+	// serving for the drain period, then stop taking streams and let open
+	// ones finish (their records are settled before Process returns).
+	logger.Info("draining", "period", rt.Drain.Period, "timeout", rt.Drain.Timeout)
+	extproc.SetServing(hs, false)
+	ready.draining.Store(true)
+	metrics.SetReady(false)
+	if serveErr == nil {
+		select {
+		case <-time.After(rt.Drain.Period):
+		case serveErr = <-errs:
+		}
+	}
+	stopped := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(rt.Drain.Timeout):
+		logger.Warn("drain timeout reached; closing the remaining streams")
+		gs.Stop()
+		<-stopped
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := admin.Shutdown(shutdownCtx); err != nil {
+		logger.Warn("failed to stop the admin server cleanly", "error", err)
+	}
+	stopBackground() // before the store closes
+	logger.Info("stopped")
+	return serveErr
+}
+
+// adminHandler serves /metrics (private registry), /healthz (the same gRPC
+// health Envoy checks) and /readyz (the required store answers and the
+// process is not draining).
+func adminHandler(reg *prometheus.Registry, hs *health.Server, ready *readiness, backend string) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		resp, err := hs.Check(r.Context(), &healthpb.HealthCheckRequest{Service: extproc.ServiceName})
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			http.Error(w, "not serving", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ok, reason := ready.Ready()
+		w.Header().Set("Content-Type", "application/json")
+		body := map[string]any{"ready": ok, "store": backend}
+		if !ok {
+			body["reason"] = reason
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(body)
+	})
+	return mux
+}

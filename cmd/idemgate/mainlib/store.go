@@ -1,0 +1,210 @@
+package mainlib
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgate/idemgate/extproc"
+	"github.com/idemgate/idemgate/extproc/config"
+	"github.com/idemgate/idemgate/state"
+	"github.com/idemgate/idemgate/state/memory"
+	"github.com/idemgate/idemgate/state/postgres"
+	"github.com/idemgate/idemgate/state/redis"
+	"github.com/idemgate/idemgate/state/tiered"
+)
+
+// storeSet is the store the server uses and the parts readiness needs.
+type storeSet struct {
+	store   state.Store // instrumented
+	backend string
+	pg      *postgres.Store
+	redis   *redis.Store
+}
+
+// openStore builds the configured store without waiting for any service: a
+// store that is down at start must not stop serve (it starts not ready and
+// answers confirms with temporarily_unavailable until the store answers).
+func openStore(ctx context.Context, rt *config.Runtime, metrics *extproc.Metrics, logger *slog.Logger) (*storeSet, error) {
+	s := rt.Store
+	ss := &storeSet{backend: s.Backend()}
+	obs := metrics.StoreObserver()
+	var pgStore state.Store
+	if p := s.Postgres; p != nil {
+		pg, err := postgres.New(ctx, postgres.Options{DSN: p.DSN.Reveal(), MaxConns: int32(p.MaxConns)})
+		if err != nil {
+			return nil, fmt.Errorf("failed to set up the PostgreSQL store (DSN from %s): %w", p.DSNSource, err)
+		}
+		ss.pg = pg
+		pgStore = state.Instrument(pg, "postgres", obs)
+	}
+	if r := s.Redis; r != nil {
+		rd, err := redis.New(redis.Options{
+			Addrs: r.Addrs, Mode: r.Mode, MasterName: r.MasterName, Username: r.Username,
+			Password: r.Password.Reveal(), DB: r.DB, KeyPrefix: r.KeyPrefix,
+		})
+		if err != nil {
+			if ss.pg != nil {
+				ss.pg.Close()
+			}
+			return nil, fmt.Errorf("failed to set up the Redis store: %w", err)
+		}
+		ss.redis = rd
+	}
+	switch ss.backend {
+	case "memory":
+		ss.store = state.Instrument(memory.New(memory.Options{}), "memory", obs)
+	case "postgres":
+		ss.store = pgStore
+	case "redis":
+		ss.store = state.Instrument(ss.redis, "redis", obs)
+	case "tiered":
+		ts, err := tiered.New(tiered.Options{
+			Redis: ss.redis, Postgres: pgStore, RedisTimeout: s.Redis.Timeout,
+			OnFallback: metrics.Fallback, Logger: logger,
+		})
+		if err != nil {
+			ss.redis.Close()
+			ss.pg.Close()
+			return nil, fmt.Errorf("failed to set up the tiered store: %w", err)
+		}
+		ss.store = state.Instrument(ts, "tiered", obs)
+	}
+	return ss, nil
+}
+
+// readiness tracks whether the required store answers (PostgreSQL, or the
+// only store) and whether the process is draining.
+type readiness struct {
+	ready    atomic.Bool
+	draining atomic.Bool
+	mu       sync.Mutex
+	reason   string
+}
+
+func (r *readiness) set(ready bool, reason string) (changed bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	changed = r.ready.Load() != ready || r.reason != reason
+	r.ready.Store(ready)
+	r.reason = reason
+	return changed
+}
+
+// Ready reports readiness and, when not ready, why.
+func (r *readiness) Ready() (bool, string) {
+	if r.draining.Load() {
+		return false, "draining"
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ready.Load(), r.reason
+}
+
+// readinessPingTimeout bounds a readiness ping; it is off the request path
+// and must leave room for a cold connection (TCP, TLS, authentication).
+const readinessPingTimeout = 5 * time.Second
+
+// watch keeps retrying migrations (PostgreSQL) and script loading (Redis)
+// until they succeed, then pings the store; readiness follows the answers.
+func (r *readiness) watch(ctx context.Context, ss *storeSet, metrics *extproc.Metrics, logger *slog.Logger) {
+	migrated := ss.pg == nil
+	scripts := ss.redis == nil
+	for {
+		ready, reason := r.check(ctx, ss, &migrated, &scripts)
+		if r.set(ready, reason) {
+			if ready {
+				logger.Info("store ready", "store", ss.backend)
+			} else {
+				logger.Warn("store not ready; confirms are answered temporarily_unavailable until it answers", "store", ss.backend, "reason", reason)
+			}
+		}
+		ok, _ := r.Ready()
+		metrics.SetReady(ok)
+		wait := time.Second
+		if ready {
+			wait = 2 * time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (r *readiness) check(ctx context.Context, ss *storeSet, migrated, scripts *bool) (bool, string) {
+	if !*migrated {
+		mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := ss.pg.Migrate(mctx)
+		cancel()
+		if err != nil {
+			return false, "postgres migrations not applied: " + err.Error()
+		}
+		*migrated = true
+	}
+	if !*scripts {
+		lctx, cancel := context.WithTimeout(ctx, readinessPingTimeout)
+		err := ss.redis.LoadScripts(lctx)
+		cancel()
+		if err == nil {
+			*scripts = true
+		} else if ss.backend == "redis" {
+			return false, "redis scripts not loaded: " + err.Error()
+		}
+		// Tiered: Redis is only the fast path; the store works without it.
+	}
+	pctx, cancel := context.WithTimeout(ctx, readinessPingTimeout)
+	err := ss.store.Ping(pctx)
+	cancel()
+	if err != nil {
+		return false, fmt.Sprintf("%s does not answer: %v", requiredStore(ss.backend), err)
+	}
+	return true, ""
+}
+
+// requiredStore names the store readiness depends on.
+func requiredStore(backend string) string {
+	if backend == "tiered" {
+		return "postgres"
+	}
+	return backend
+}
+
+// sweepEvery is how often expired records are swept.
+const sweepEvery = time.Minute
+
+// sweep deletes expired records in bounded batches until ctx ends.
+func sweep(ctx context.Context, store state.Store, logger *slog.Logger) {
+	const batch = 1000
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(sweepEvery):
+		}
+		total := 0
+		for {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			n, err := store.Sweep(sctx, batch)
+			cancel()
+			if err != nil {
+				if !errors.Is(err, context.Canceled) {
+					logger.Warn("failed to sweep expired records", "error", err)
+				}
+				break
+			}
+			total += n
+			if n < batch {
+				break
+			}
+		}
+		if total > 0 {
+			logger.Debug("swept expired records", "count", total)
+		}
+	}
+}
