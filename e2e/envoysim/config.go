@@ -10,6 +10,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 )
 
 // HeaderSendMode and BodySendMode are the ext_proc processing-mode enums.
@@ -85,7 +86,23 @@ type HCM struct {
 	MaxHeadersCount uint32
 	// ServerName is server_name; "" means "envoy".
 	ServerName string
+	// NormalizePath is normalize_path (RFC 3986 path normalisation before
+	// filters and routing).
+	NormalizePath bool
+	// MergeSlashes is merge_slashes.
+	MergeSlashes bool
+	// PathWithEscapedSlashesAction is path_with_escaped_slashes_action.
+	PathWithEscapedSlashesAction EscapedSlashesAction
+	// HeadersWithUnderscoresAction is
+	// common_http_protocol_options.headers_with_underscores_action.
+	HeadersWithUnderscoresAction UnderscoresAction
 }
+
+// EscapedSlashesAction is HttpConnectionManager.PathWithEscapedSlashesAction.
+type EscapedSlashesAction = hcmv3.HttpConnectionManager_PathWithEscapedSlashesAction
+
+// UnderscoresAction is HttpProtocolOptions.HeadersWithUnderscoresAction.
+type UnderscoresAction = corev3.HttpProtocolOptions_HeadersWithUnderscoresAction
 
 // HeaderMutation models extensions.filters.http.header_mutation.v3.HeaderMutation
 // (mutations.request_mutations / response_mutations).
@@ -322,11 +339,14 @@ type VirtualHost struct {
 	ExtProcPerRoute *ExtProcPerRoute
 }
 
-// Route is config.route.v3.Route with a RouteAction to one cluster.
+// Route is config.route.v3.Route with a RouteAction to one cluster, or a
+// direct_response.
 type Route struct {
 	Name    string
 	Match   RouteMatch
 	Cluster string
+	// DirectResponse answers without an upstream (Cluster must be empty).
+	DirectResponse *DirectResponse
 	// Timeout is route.timeout; nil means 15 s, 0 disables it.
 	Timeout     *time.Duration
 	RetryPolicy *RetryPolicy
@@ -334,12 +354,22 @@ type Route struct {
 	ExtProcPerRoute *ExtProcPerRoute
 }
 
-// RouteMatch is config.route.v3.RouteMatch with prefix or path.
+// DirectResponse is config.route.v3.DirectResponseAction.
+type DirectResponse struct {
+	Status int
+	Body   string
+}
+
+// RouteMatch is config.route.v3.RouteMatch with exactly one of prefix, path
+// or safe_regex (a full match of the path without the query).
 type RouteMatch struct {
-	Prefix string
-	Path   string
-	// CaseInsensitive is case_sensitive: false.
+	Prefix    string
+	Path      string
+	SafeRegex string
+	// CaseInsensitive is case_sensitive: false (prefix and path only).
 	CaseInsensitive bool
+
+	re *regexp.Regexp
 }
 
 // RetryPolicy is config.route.v3.RetryPolicy.
@@ -422,6 +452,14 @@ var knownRetryOn = setOf("reset", "connect-failure", "5xx", "gateway-error", "re
 // compile validates c and returns its runtime form; every problem is reported.
 func compile(c Config) (*runtime, error) {
 	var errs []error
+	// Copy the slices compile annotates (compiled regexes), so the caller's
+	// Config is never modified.
+	vhs := make([]VirtualHost, len(c.VirtualHosts))
+	for i, vh := range c.VirtualHosts {
+		vh.Routes = slices.Clone(vh.Routes)
+		vhs[i] = vh
+	}
+	c.VirtualHosts = vhs
 	rt := &runtime{cfg: c, headerMut: c.HeaderMutation}
 
 	rt.bufferLimit = int(c.Listener.PerConnectionBufferLimitBytes)
@@ -511,12 +549,20 @@ func compile(c Config) (*runtime, error) {
 func compileRoute(cv *compiledVHost, r *Route, c Config) (*compiledRoute, error) {
 	var errs []error
 	cr := &compiledRoute{vhost: cv, route: r, timeout: 15 * time.Second}
-	if (r.Match.Prefix == "") == (r.Match.Path == "") {
-		errs = append(errs, errors.New("match must set exactly one of prefix or path"))
+	if err := r.Match.compile(); err != nil {
+		errs = append(errs, err)
 	}
-	if _, ok := c.Clusters[r.Cluster]; !ok {
+	switch {
+	case r.DirectResponse != nil:
+		if r.Cluster != "" {
+			errs = append(errs, errors.New("a direct_response route has no cluster"))
+		}
+		if r.DirectResponse.Status < 200 || r.DirectResponse.Status > 599 {
+			errs = append(errs, fmt.Errorf("direct_response status %d is out of range", r.DirectResponse.Status))
+		}
+	case c.Clusters[r.Cluster] == (Cluster{}):
 		errs = append(errs, fmt.Errorf("unknown cluster %q", r.Cluster))
-	} else if c.Clusters[r.Cluster].HTTP2 {
+	case c.Clusters[r.Cluster].HTTP2:
 		errs = append(errs, fmt.Errorf("cluster %q: HTTP/2 upstreams are not modelled (the router speaks HTTP/1.1)", r.Cluster))
 	}
 	if r.Timeout != nil {
@@ -757,9 +803,39 @@ func (ec *extProcConfig) forwardAllowed(key string) bool {
 	return len(ec.allowed) == 0 || in(ec.allowed)
 }
 
+// compile checks the match and compiles safe_regex.
+func (m *RouteMatch) compile() error {
+	set := 0
+	for _, v := range []string{m.Prefix, m.Path, m.SafeRegex} {
+		if v != "" {
+			set++
+		}
+	}
+	if set != 1 {
+		return errors.New("match must set exactly one of prefix, path or safe_regex")
+	}
+	if m.SafeRegex != "" {
+		re, err := regexp.Compile("^(?:" + m.SafeRegex + ")$")
+		if err != nil {
+			return fmt.Errorf("safe_regex %q: %w", m.SafeRegex, err)
+		}
+		m.re = re
+	}
+	return nil
+}
+
 // matches implements RouteMatch against the :path header: prefix compares
-// the whole value (query included), path compares it without the query.
+// the whole value (query included), path and safe_regex compare it without
+// the query.
 func (m RouteMatch) matches(path string) bool {
+	if m.SafeRegex != "" {
+		p, _, _ := strings.Cut(path, "?")
+		re := m.re
+		if re == nil {
+			re = regexp.MustCompile("^(?:" + m.SafeRegex + ")$")
+		}
+		return re.MatchString(p)
+	}
 	eq := func(a, b string) bool {
 		if m.CaseInsensitive {
 			return strings.EqualFold(a, b)

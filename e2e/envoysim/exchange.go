@@ -233,10 +233,13 @@ func (ex *exchange) run() {
 	ex.p.stats.requests.Add(1)
 	ex.buildRequestHeaders()
 	headersEOS := ex.r.Body == nil || ex.r.Body == http.NoBody || (ex.r.ContentLength == 0 && len(ex.r.TransferEncoding) == 0)
-	if !headersEOS {
-		go ex.readDownstream()
+	if ex.hcmChecks() {
+		ex.mutateRequestHeaders()
+		if !headersEOS {
+			go ex.readDownstream()
+		}
+		ex.decodeHeaders(headersEOS)
 	}
-	ex.decodeHeaders(headersEOS)
 	for !ex.finished {
 		select {
 		case e := <-ex.events:
@@ -330,7 +333,7 @@ func (ex *exchange) readDownstream() {
 	}
 }
 
-// buildRequestHeaders is the HTTP/1.1 codec plus HCM mutateRequestHeaders.
+// buildRequestHeaders is what the HTTP/1.1 codec puts in the header map.
 func (ex *exchange) buildRequestHeaders() {
 	r := ex.r
 	h := newRequestHeaderMap()
@@ -351,6 +354,13 @@ func (ex *exchange) buildRequestHeaders() {
 		h.addCopy("transfer-encoding", te)
 	}
 	ex.isGRPC = strings.HasPrefix(headerOr(h, "content-type"), "application/grpc")
+	ex.reqHeaders = h
+}
+
+// mutateRequestHeaders is ConnectionManagerUtility::mutateRequestHeaders.
+func (ex *exchange) mutateRequestHeaders() {
+	r, h := ex.r, ex.reqHeaders
+	scheme := headerOr(h, ":scheme")
 
 	// use_remote_address: the peer is appended to x-forwarded-for and the
 	// request is external (no address is internal by default).
@@ -381,7 +391,6 @@ func (ex *exchange) buildRequestHeaders() {
 		}
 	}
 	ex.requestID, _ = h.get("x-request-id")
-	ex.reqHeaders = h
 }
 
 func headerOr(h *headerMap, k string) string {

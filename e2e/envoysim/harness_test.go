@@ -407,7 +407,11 @@ func (env *testEnv) do(t *testing.T, method, path string, body string, hdr map[s
 }
 
 func doRequest(req *http.Request) result {
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	client := &http.Client{
+		Transport:     &http.Transport{DisableKeepAlives: true},
+		Timeout:       10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return result{err: err}

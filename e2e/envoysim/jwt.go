@@ -69,7 +69,7 @@ type jwtFilterConfig struct {
 
 func compileJWT(c *JWTAuthn) (*jwtFilterConfig, error) {
 	var errs []error
-	jc := &jwtFilterConfig{providers: map[string]*jwtProvider{}, rules: c.Rules}
+	jc := &jwtFilterConfig{providers: map[string]*jwtProvider{}, rules: slices.Clone(c.Rules)}
 	for name, p := range c.Providers {
 		keys, err := parseJWKS(p.LocalJWKS)
 		if err != nil {
@@ -81,9 +81,10 @@ func compileJWT(c *JWTAuthn) (*jwtFilterConfig, error) {
 		}
 		jc.providers[name] = &jwtProvider{name: name, cfg: p, keys: keys, skew: skew}
 	}
-	for i, r := range c.Rules {
-		if (r.Match.Prefix == "") == (r.Match.Path == "") {
-			errs = append(errs, fmt.Errorf("jwt_authn rule %d: match must set exactly one of prefix or path", i))
+	for i := range jc.rules {
+		r := &jc.rules[i]
+		if err := r.Match.compile(); err != nil {
+			errs = append(errs, fmt.Errorf("jwt_authn rule %d: %w", i, err))
 		}
 		if r.Requires == nil {
 			continue

@@ -149,6 +149,10 @@ func (rf *routerFilter) decodeHeaders(h *headerMap, eos bool) {
 		ex.sendLocalReply(localReply{status: 404, details: "route_not_found", source: "router"})
 		return
 	}
+	if dr := route.route.DirectResponse; dr != nil {
+		ex.sendLocalReply(localReply{status: dr.Status, body: dr.Body, details: "direct_response", source: "router"})
+		return
+	}
 	cl, ok := ex.rt.cfg.Clusters[route.route.Cluster]
 	if !ok {
 		ex.sendLocalReply(localReply{status: 503, details: "cluster_not_found", source: "router"})
