@@ -118,7 +118,9 @@ func TestNewRefusesUnmodelledConfig(t *testing.T) {
 		}, "mutually exclusive"},
 		{"unknown cluster", func(c *Config) { c.VirtualHosts[0].Routes[0].Cluster = "nope" }, `unknown cluster "nope"`},
 		{"grpc cluster not HTTP/2", func(c *Config) { c.Clusters["extproc"] = Cluster{Address: "127.0.0.1:1"} }, "must be HTTP/2"},
-		{"retry_on", func(c *Config) { c.VirtualHosts[0].Routes[0].RetryPolicy = &RetryPolicy{RetryOn: []string{"cancelled"}} }, `retry_on "cancelled"`},
+		{"retry_on", func(c *Config) {
+			c.VirtualHosts[0].Routes[0].RetryPolicy = &RetryPolicy{RetryOn: []string{"cancelled"}}
+		}, `retry_on "cancelled"`},
 		{"bad jwks", func(c *Config) {
 			c.JWTAuthn = &JWTAuthn{Providers: map[string]JWTProvider{"p": {LocalJWKS: []byte("{")}}}
 		}, "failed to parse the JWKS"},
