@@ -353,6 +353,11 @@ func (ex *exchange) buildRequestHeaders() {
 	for _, te := range r.TransferEncoding {
 		h.addCopy("transfer-encoding", te)
 	}
+	if strings.EqualFold(headerOr(h, "expect"), "100-continue") {
+		// The HCM answers 100-continue itself (proxy_100_continue is off) and
+		// drops the header; Go's server sends the 100 when the body is read.
+		h.remove("expect")
+	}
 	ex.isGRPC = strings.HasPrefix(headerOr(h, "content-type"), "application/grpc")
 	ex.reqHeaders = h
 }
