@@ -175,8 +175,9 @@ func (ex *exchange) answer(ans state.Answer, claims fingerprint.Claims, owner st
 		return ex.envelope(envelope.ParamsChanged, 0, envelope.Extra{}), true
 
 	case state.OutcomeNotFound:
-		if attempt == 0 {
-			// The record vanished between two calls (expired): start over once.
+		if attempt <= 1 {
+			// The record vanished between two calls (it expired, or a
+			// takeover found nothing): start over, once.
 			ttl := ex.srv.cfg.TTL
 			ctx, cancel := ex.srv.storeContext(ex.ctx)
 			again, err := ex.srv.store.Acquire(ctx, state.AcquireRequest{

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/state"
 )
 
@@ -296,4 +297,27 @@ func metricValue(t testing.TB, m prometheus.Metric) float64 {
 		return d.Counter.GetValue()
 	}
 	return d.Gauge.GetValue()
+}
+
+// A token whose MAC verifies but whose nonce the store holds under other
+// params (a leaked signing key, or a bug) never runs: params_changed and a
+// security event.
+func TestStoreParamMismatchIsASecurityEvent(t *testing.T) {
+	e := newEnv(t, nil, nil)
+	d := fakeDialer{srv: e.srv}
+	fp := preview(t, d, "alice", `1`)
+	c := e.claimsOf(t, fp, "alice", "payments.transfer")
+	res := do(t, d, post("/v1/transfers/confirm", "alice", transferBody(`1`, "EUR", "DE89", fp)), newPayments().handle)
+	require.Equal(t, 201, res.status)
+
+	doc, err := fingerprint.ParseJSON(transferBody(`1000`, "EUR", "DE89", ""), 32)
+	require.NoError(t, err)
+	params, err := e.cfg.Operations[0].Selector.Select(doc, nil)
+	require.NoError(t, err)
+	forged, _, err := e.cfg.Keys.Sign(fingerprint.SignRequest{Subject: "alice", Scope: "payments.transfer", Params: params, Nonce: c.Nonce, Expiry: e.clock.Now().Add(time.Minute)})
+	require.NoError(t, err)
+	res = do(t, d, post("/v1/transfers/confirm", "alice", transferBody(`1000`, "EUR", "DE89", forged)), neverCalled(t))
+	requireEnvelope(t, res, 422, "params_changed", false)
+	require.Contains(t, e.logs.String(), "event=security_alert reason=store_param_mismatch operation=transfer nonce="+c.Nonce)
+	require.Equal(t, float64(1), metricValue(t, e.metrics.securityEvents.WithLabelValues("store_param_mismatch")))
 }

@@ -1,0 +1,43 @@
+package extproc
+
+import (
+	"testing"
+)
+
+// Benchmarks of one whole HTTP exchange through Process over the in-process
+// stream (server work plus the fake transport), for comparison with a
+// no-op ext_proc server in the load benchmark.
+
+func BenchmarkPassThrough(b *testing.B) {
+	e := newEnv(b, nil, nil)
+	d := fakeDialer{srv: e.srv}
+	b.ReportAllocs()
+	for b.Loop() {
+		s := d.open(b)
+		_ = s.Send(passThroughRequest("/v1/other"))
+		_, _ = s.Recv()
+		s.Close()
+	}
+}
+
+func BenchmarkPreview(b *testing.B) {
+	e := newEnv(b, nil, nil)
+	d := fakeDialer{srv: e.srv}
+	req := post("/v1/transfers/preview", "alice", transferBody(`"100.00"`, "EUR", "DE89", ""))
+	b.ReportAllocs()
+	for b.Loop() {
+		do(b, d, req, previewOK)
+	}
+}
+
+func BenchmarkConfirmReplay(b *testing.B) {
+	e := newEnv(b, nil, nil)
+	d := fakeDialer{srv: e.srv}
+	fp := preview(b, d, "alice", `1`)
+	req := post("/v1/transfers/confirm", "alice", transferBody(`1`, "EUR", "DE89", fp))
+	do(b, d, req, newPayments().handle)
+	b.ReportAllocs()
+	for b.Loop() {
+		do(b, d, req, neverCalled(b))
+	}
+}
