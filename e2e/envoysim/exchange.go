@@ -540,9 +540,6 @@ func (ex *exchange) writeDownstreamHeaders(h *headerMap, eos bool) {
 	ex.w.WriteHeader(code)
 	ex.status = code
 	ex.downstreamHeadersSent = true
-	if ex.details == "" {
-		ex.details = "via_upstream"
-	}
 	if eos {
 		ex.finished = true
 		return

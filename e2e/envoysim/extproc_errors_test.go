@@ -248,7 +248,8 @@ func TestImmediateResponse(t *testing.T) {
 
 			rec := env.fp.nextStream(t)
 			rec.waitDone(t)
-			require.ErrorIs(t, rec.ctxErr, context.Canceled, "Envoy closes the stream: half-close then reset")
+			require.ErrorIs(t, rec.ctxErr, context.Canceled)
+			require.True(t, rec.wasReset(), "Envoy closes the stream: half-close then reset")
 			msgs := rec.messages()
 			last := msgs[len(msgs)-1]
 			require.True(t, tc.phase(last), "nothing is sent after an immediate response")
@@ -422,6 +423,7 @@ func TestStreamClosesEarlyAfterTheLastExpectedReply(t *testing.T) {
 	// The stream ends while the upstream is still working (1.37 behaviour).
 	rec.waitDone(t)
 	require.ErrorIs(t, rec.ctxErr, context.Canceled)
+	require.True(t, rec.wasReset())
 	close(release)
 	res := <-done
 	require.NoError(t, res.err)

@@ -183,3 +183,25 @@ func TestMutationErrorsAre500EvenWhenFailOpen(t *testing.T) {
 		})
 	}
 }
+
+func TestImmediateResponseWithoutDetailsHasEmptyDetails(t *testing.T) {
+	env := requireEnv(t, replyAll(func(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+		return immediate(401, "", "")
+	}), nil)
+	res := env.do(t, http.MethodGet, "/", "", nil)
+	require.NoError(t, res.err)
+	require.Equal(t, 401, res.status)
+	require.Empty(t, env.waitLogs(t, 1)[0].ResponseCodeDetails)
+}
+
+func TestWithoutExtProcTheChainIsAPlainProxy(t *testing.T) {
+	env := requireEnv(t, replyAll(), func(c *Config) { c.ExtProc = nil })
+	res := env.do(t, http.MethodPost, "/x", "payload", nil)
+	require.NoError(t, res.err)
+	require.Equal(t, 200, res.status)
+	require.Equal(t, "upstream-ok", res.body)
+	require.Equal(t, "payload", string(env.upstream.requests()[0].body))
+	require.Equal(t, int64(7), env.upstream.requests()[0].contentLength)
+	require.Equal(t, 0, env.fp.streamCount())
+	require.Equal(t, "via_upstream", env.waitLogs(t, 1)[0].ResponseCodeDetails)
+}

@@ -1,6 +1,7 @@
 package envoysim
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -16,7 +17,9 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -38,7 +41,11 @@ type streamRecord struct {
 	// once it was done.
 	recvErr error
 	ctxErr  error
-	done    chan struct{}
+	// resetWhileOpen is true when the proxy cancelled the stream while the
+	// handler was still running: Recv failed with Canceled, or returned
+	// io.EOF (half-close) and the context was cancelled right after.
+	resetWhileOpen bool
+	done           chan struct{}
 }
 
 func (r *streamRecord) messages() []*extprocv3.ProcessingRequest {
@@ -52,8 +59,17 @@ func (r *streamRecord) messages() []*extprocv3.ProcessingRequest {
 func (s *fakeStream) recv() *extprocv3.ProcessingRequest {
 	req, err := s.srv.Recv()
 	if err != nil {
+		reset := status.Code(err) == codes.Canceled
+		if errors.Is(err, io.EOF) {
+			select {
+			case <-s.srv.Context().Done():
+				reset = true
+			case <-time.After(2 * time.Second):
+			}
+		}
 		s.record.mu.Lock()
 		s.record.recvErr = err
+		s.record.resetWhileOpen = reset
 		s.record.mu.Unlock()
 		return nil
 	}
@@ -140,6 +156,12 @@ func (fp *fakeProcessor) nextStream(t *testing.T) *streamRecord {
 		t.Fatal("no ext_proc stream was opened")
 		return nil
 	}
+}
+
+func (r *streamRecord) wasReset() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.resetWhileOpen
 }
 
 // waitDone waits for the stream to end on the server side.

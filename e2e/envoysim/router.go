@@ -330,6 +330,7 @@ func (rf *routerFilter) onUpstreamHeaders(ev evUpstreamHeaders) {
 	}
 	ev.decision <- true
 	rf.responseStarted = true
+	ex.details = "via_upstream"
 	h := newResponseHeaderMap()
 	h.insert(":status", strconv.Itoa(code))
 	h.appendHTTP(ev.resp.Header)
