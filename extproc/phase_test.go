@@ -201,6 +201,9 @@ func TestExpiredLeaseOfACrashedGateway(t *testing.T) {
 	c = e.claimsOf(t, fp, "alice", "payments.payout")
 	e.holdRecord(t, c, "payments.payout", 2*time.Minute)
 	e.clock.Advance(2*time.Minute + time.Second)
+	// The status tool derives the answer without writing anything.
+	res = do(t, d, post("/v1/accounts/z/payouts/status", "alice", []byte(fmt.Sprintf(`{"fingerprint":%q}`, fp))), neverCalled(t))
+	requireEnvelope(t, res, 200, "needs_reconciliation", false)
 	res = do(t, d, post("/v1/accounts/z/payouts/confirm", "alice", []byte(fmt.Sprintf(`{"amount":3,"fingerprint":%q}`, fp))), neverCalled(t))
 	requireEnvelope(t, res, 409, "needs_reconciliation", false)
 	rec, _ = e.record(t, c.Nonce)
@@ -320,4 +323,23 @@ func TestStoreParamMismatchIsASecurityEvent(t *testing.T) {
 	requireEnvelope(t, res, 422, "params_changed", false)
 	require.Contains(t, e.logs.String(), "event=security_alert reason=store_param_mismatch operation=transfer nonce="+c.Nonce)
 	require.Equal(t, float64(1), metricValue(t, e.metrics.securityEvents.WithLabelValues("store_param_mismatch")))
+}
+
+func TestUnknownKeyIsASecurityEvent(t *testing.T) {
+	e := newEnv(t, nil, nil)
+	d := fakeDialer{srv: e.srv}
+	other, err := fingerprint.NewKeyRing("k9", map[string][]byte{"k9": []byte("another-key-not-configured-32byte")})
+	require.NoError(t, err)
+	doc, err := fingerprint.ParseJSON(transferBody(`1`, "EUR", "DE89", ""), 32)
+	require.NoError(t, err)
+	params, err := e.cfg.Operations[0].Selector.Select(doc, nil)
+	require.NoError(t, err)
+	nonce, err := fingerprint.NewNonce()
+	require.NoError(t, err)
+	token, _, err := other.Sign(fingerprint.SignRequest{Subject: "alice", Scope: "payments.transfer", Params: params, Nonce: nonce, Expiry: e.clock.Now().Add(time.Minute)})
+	require.NoError(t, err)
+	res := do(t, d, post("/v1/transfers/confirm", "alice", transferBody(`1`, "EUR", "DE89", token)), neverCalled(t))
+	requireEnvelope(t, res, 400, "fingerprint_invalid", false)
+	require.Contains(t, e.logs.String(), "event=security_alert reason=unknown_key operation=transfer nonce=\"\" subject_tag=")
+	require.Equal(t, float64(1), metricValue(t, e.metrics.securityEvents.WithLabelValues("unknown_key")))
 }
