@@ -205,3 +205,21 @@ func TestWithoutExtProcTheChainIsAPlainProxy(t *testing.T) {
 	require.Equal(t, 0, env.fp.streamCount())
 	require.Equal(t, "via_upstream", env.waitLogs(t, 1)[0].ResponseCodeDetails)
 }
+
+func TestStartServesAndCloseIsIdempotent(t *testing.T) {
+	fu := requireFakeUpstream(t)
+	cfg := baseConfig("127.0.0.1:1", fu.srv.Listener.Addr().String())
+	cfg.ExtProc = nil
+	cfg.Listener.Address = "127.0.0.1:0"
+	p, err := New(cfg)
+	require.NoError(t, err)
+	require.Empty(t, p.Addr())
+	require.NoError(t, p.Start(""))
+	require.Error(t, p.Start(""))
+	res := doRequest(mustRequest(t, http.MethodGet, "http://"+p.Addr()+"/"))
+	require.NoError(t, res.err)
+	require.Equal(t, 200, res.status)
+	require.Equal(t, int64(1), p.Stats().Requests)
+	require.NoError(t, p.Close())
+	require.NoError(t, p.Close())
+}

@@ -28,10 +28,12 @@ type Proxy struct {
 
 	stats counters
 
-	mu       sync.Mutex
-	server   *http.Server
-	listener net.Listener
-	serveErr chan error
+	mu        sync.Mutex
+	server    *http.Server
+	listener  net.Listener
+	serveErr  chan error
+	closeOnce sync.Once
+	closeErr  error
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -236,8 +238,14 @@ func (p *Proxy) Addr() string {
 }
 
 // Close stops the listener (if started), waits briefly for requests in
-// flight, and closes the pooled connections.
+// flight, and closes the pooled connections. Later calls return the first
+// call's result.
 func (p *Proxy) Close() error {
+	p.closeOnce.Do(func() { p.closeErr = p.close() })
+	return p.closeErr
+}
+
+func (p *Proxy) close() error {
 	p.mu.Lock()
 	srv := p.server
 	p.mu.Unlock()

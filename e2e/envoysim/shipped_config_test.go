@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -54,6 +55,11 @@ type shippedEnv struct {
 
 func requireShippedEnv(t *testing.T, sc script) *shippedEnv {
 	t.Helper()
+	return requireShippedEnvWith(t, sc, nil)
+}
+
+func requireShippedEnvWith(t *testing.T, sc script, mutate func(*Config)) *shippedEnv {
+	t.Helper()
 	fp := requireFakeProcessor(t, sc)
 	pay := payments.New(payments.Options{})
 	up := httptest.NewServer(pay)
@@ -62,6 +68,9 @@ func requireShippedEnv(t *testing.T, sc script) *shippedEnv {
 		"idemgate": fp.addr, "payments": up.Listener.Addr().String(),
 	}, "127.0.0.1:0")
 	require.NoError(t, err)
+	if mutate != nil {
+		mutate(&cfg)
+	}
 	p, err := New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, p.Start(""))
@@ -169,4 +178,40 @@ func mustRequest(t *testing.T, method, url string) *http.Request {
 	req, err := http.NewRequestWithContext(t.Context(), method, url, nil)
 	require.NoError(t, err)
 	return req
+}
+
+func TestShippedConfigUnderConcurrency(t *testing.T) {
+	// The shipped 1 s message_timeout is a deadline for a real idemgate; on a
+	// loaded test machine a fake one can miss it, and this test is about
+	// concurrency, not speed.
+	env := requireShippedEnvWith(t, replyAll(idemgateLike), func(c *Config) {
+		d := 30 * time.Second
+		c.ExtProc.MessageTimeout = &d
+	})
+	tok, err := demoauth.Mint("alice", time.Minute, time.Now())
+	require.NoError(t, err)
+	const n = 100
+	results := make([]result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, env.url+"/v1/transfers/confirm",
+				strings.NewReader(`{"amount":"1","currency":"EUR","payee":{"account_id":"acc"}}`))
+			if err != nil {
+				results[i] = result{err: err}
+				return
+			}
+			req.Header.Set("Authorization", "Bearer "+tok)
+			results[i] = doRequest(req)
+		})
+	}
+	wg.Wait()
+	for _, r := range results {
+		require.NoError(t, r.err)
+		require.Equal(t, 200, r.status)
+		require.Equal(t, results[0].body, r.body)
+	}
+	require.Equal(t, 1, env.payments.Executions())
+	require.Equal(t, int64(n), env.proxy.Stats().StreamsOpened)
+	require.Equal(t, n, env.fp.streamCount())
 }
