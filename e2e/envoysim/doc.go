@@ -52,9 +52,12 @@
 //     (inline headers comma-joined like Envoy), pseudo-headers first
 //     (:authority, never host; :status on responses), x-request-id generated
 //     when missing and kept when present (replaced for external requests with
-//     use_remote_address, as Envoy does), x-forwarded-proto, forward_rules.
+//     use_remote_address, as Envoy does), x-forwarded-proto, forward_rules;
+//     transfer-encoding: chunked stays in the map of chunked messages (the
+//     body bytes are always de-chunked).
 //     TestRequestHeadersAreEncodedLikeEnvoy, TestExistingRequestIDIsKept,
 //     TestResponseHeadersCarryStatusAndServiceTime, TestForwardRulesFilterHeaderEntries,
+//     TestResponseContentLengthMustBeFixedInBufferedMode,
 //     TestShippedConfigConfirmWithAResetIsRetriedAndExecutedOnce.
 //   - end_of_stream: headers iff no body; no body message when the headers
 //     ended the message; an empty final chunk gives an empty body message.

@@ -452,3 +452,48 @@ func waitFor(cond func() bool, d time.Duration) bool {
 	}
 	return cond()
 }
+
+func TestResponseContentLengthMustBeFixedInBufferedMode(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		chunked    bool
+		fixLength  bool
+		wantStatus int
+	}{
+		{name: "upstream content-length not fixed", wantStatus: 500},
+		{name: "upstream content-length fixed", fixLength: true, wantStatus: 200},
+		{name: "chunked upstream answer needs no fix", chunked: true, wantStatus: 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := requireEnv(t, replyAll(func(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+				if !isResponseBody(req) {
+					return nil
+				}
+				cr := &extprocv3.CommonResponse{BodyMutation: bodyMutation("a different body")}
+				if tc.fixLength {
+					cr.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3HVO{setHeader("content-length", "16")}}
+				}
+				return bodyReply(dirResponse, cr)
+			}), func(c *Config) { c.ExtProc.ProcessingMode = ProcessingMode{ResponseBodyMode: BodyBuffered} })
+			env.upstream.setHandler(func(w http.ResponseWriter, _ *http.Request) {
+				if !tc.chunked {
+					w.Header().Set("Content-Length", "4")
+				}
+				_, _ = w.Write([]byte("orig"))
+				_ = http.NewResponseController(w).Flush()
+			})
+			res := env.do(t, http.MethodGet, "/", "", nil)
+			require.NoError(t, res.err)
+			require.Equal(t, tc.wantStatus, res.status)
+			if tc.wantStatus == 200 {
+				require.Equal(t, "a different body", res.body)
+			}
+			if tc.chunked {
+				rec := env.fp.nextStream(t)
+				rec.waitDone(t)
+				te, _ := headerGet(rec.messages()[1].GetResponseHeaders().GetHeaders(), "transfer-encoding")
+				require.Equal(t, "chunked", te)
+			}
+		})
+	}
+}

@@ -334,6 +334,9 @@ func (rf *routerFilter) onUpstreamHeaders(ev evUpstreamHeaders) {
 	h := newResponseHeaderMap()
 	h.insert(":status", strconv.Itoa(code))
 	h.appendHTTP(ev.resp.Header)
+	for _, te := range ev.resp.TransferEncoding {
+		h.addCopy("transfer-encoding", te) // the codec keeps it in the map, like for requests
+	}
 	if !ex.rt.cfg.Router.SuppressEnvoyHeaders {
 		h.setCopy("x-envoy-upstream-service-time", strconv.FormatInt(time.Since(rf.cur.start).Milliseconds(), 10))
 	}
