@@ -552,3 +552,46 @@ func TestOutcomeString(t *testing.T) {
 		require.Equal(t, tc.want, tc.o.String())
 	}
 }
+
+// BenchmarkDo measures one request against an in-process CONTINUE server
+// (client and server share the process): the load tool's own cost.
+func BenchmarkDo(b *testing.B) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, continueServer{})
+	go func() { _ = gs.Serve(lis) }()
+	defer gs.Stop()
+	conns, err := Dial(b.Context(), lis.Addr().String(), 2)
+	require.NoError(b, err)
+	defer conns.Close()
+	f := EnvoyFilter()
+	req := testRequest()
+	b.ReportAllocs()
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if out := f.Do(b.Context(), conns.Next(), req, nil); out.Status != 200 {
+				b.Fatalf("outcome %v", out)
+			}
+		}
+	})
+}
+
+// continueServer answers CONTINUE to every message.
+type continueServer struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+func (continueServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			return nil
+		}
+		if err := stream.Send(continueReply(req)); err != nil {
+			return nil
+		}
+	}
+}
