@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"text/template"
+	"time"
+)
+
+// moduleRoot is the directory of the module's go.mod (the tool is run from
+// anywhere inside the checkout).
+func moduleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("failed to run go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", fmt.Errorf("not inside the idemgate module (go env GOMOD is empty)")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// buildIdemgate runs `go build -o out ./cmd/idemgate` in the module root.
+// The error carries the compiler's first lines: the binary may not build
+// yet while cmd/idemgate is being written.
+func buildIdemgate(ctx context.Context, root, out string) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/idemgate")
+	cmd.Dir = root
+	var buf bytes.Buffer
+	cmd.Stdout = &buf
+	cmd.Stderr = &buf
+	if err := cmd.Run(); err != nil {
+		lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+		if len(lines) > 4 {
+			lines = append(lines[:4], "…")
+		}
+		return fmt.Errorf("go build ./cmd/idemgate failed (%v): %s", err, strings.Join(lines, "; "))
+	}
+	return nil
+}
+
+// idemgateSettings fill the benchmark's idemgate.yaml.
+type idemgateSettings struct {
+	GRPCListen  string
+	AdminListen string
+	RedisAddr   string // empty: no Redis
+	PostgresDSN string // empty: no PostgreSQL (both empty: memory store)
+}
+
+// The operation and limits mirror envoy/idemgate.yaml; the store is the
+// scenario's; logging is at warn so logs cost nothing per request; the
+// drain period is zero because nothing drains between runs.
+var idemgateTemplate = template.Must(template.New("idemgate.yaml").Parse(`# Written by e2e/loadgen for one benchmark run.
+grpc_listen: "{{.GRPCListen}}"
+admin_listen: "{{.AdminListen}}"
+log: {level: warn, format: json}
+signing:
+  active_key: k1
+  keys:
+    k1: {env: IDEMGATE_KEY_K1}
+subject:
+  header: x-idemgate-subject
+store:
+  timeout: 250ms
+{{- if .RedisAddr}}
+  redis:
+    addrs: ["{{.RedisAddr}}"]
+    mode: single
+    key_prefix: "idem:"
+    timeout: 50ms
+{{- end}}
+{{- if .PostgresDSN}}
+  postgres:
+    dsn: "{{.PostgresDSN}}"
+{{- end}}
+ttl: {fingerprint: 15m, in_flight: 2m, terminal: 72h}
+limits: {max_body_bytes: 1048576, max_json_depth: 32}
+messages: {language: en}
+drain: {period: 0s, timeout: 2s}
+operations:
+  - name: transfer
+    scope: payments.transfer
+    preview: {method: POST, path: /v1/transfers/preview}
+    confirm: {method: POST, path: /v1/transfers/confirm}
+    status:  {method: POST, path: /v1/transfers/status}
+    preview_tool: transfer_preview
+    status_tool: transfer_status
+    params: [{path: amount, type: decimal}, currency, payee.account_id]
+    fingerprint_field: fingerprint
+    result_ref: transfer_id
+    downstream_idempotency_header: Idempotency-Key
+    replay: envelope
+    upstream_timeout: 10s
+    upstream_retries: 1
+    poll_after: 2s
+`))
+
+func renderIdemgateConfig(s idemgateSettings) ([]byte, error) {
+	var b bytes.Buffer
+	if err := idemgateTemplate.Execute(&b, s); err != nil {
+		return nil, fmt.Errorf("failed to render idemgate.yaml: %w", err)
+	}
+	return b.Bytes(), nil
+}
+
+// idemgateProcess is a running idemgate child and where it listens.
+type idemgateProcess struct {
+	*child
+	grpcAddr  string
+	adminAddr string
+}
+
+// startIdemgate writes the config to dir and starts `idemgate serve`,
+// waiting for its ready line.
+func startIdemgate(ctx context.Context, bin, dir, name, key string, s idemgateSettings) (*idemgateProcess, error) {
+	gp, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	ap, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	s.GRPCListen = fmt.Sprintf("127.0.0.1:%d", gp)
+	s.AdminListen = fmt.Sprintf("127.0.0.1:%d", ap)
+	cfg, err := renderIdemgateConfig(s)
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, name+".idemgate.yaml")
+	if err := os.WriteFile(path, cfg, 0o600); err != nil {
+		return nil, fmt.Errorf("failed to write %s: %w", path, err)
+	}
+	c, err := startChild(ctx, childSpec{
+		name:      "idemgate (" + name + ")",
+		path:      bin,
+		args:      []string{"serve", "--config", path},
+		env:       []string{"IDEMGATE_KEY_K1=" + key},
+		readyLine: "ready",
+		timeout:   60 * time.Second, // migrations on a busy machine
+	})
+	if err != nil {
+		return nil, err
+	}
+	p := &idemgateProcess{child: c, grpcAddr: s.GRPCListen, adminAddr: s.AdminListen}
+	// "ready" means listening; /readyz says the stores answer (migrations
+	// applied). Measuring before that would count start-up 503s.
+	if err := p.waitReadyz(ctx, 60*time.Second); err != nil {
+		c.stop(0)
+		return nil, err
+	}
+	return p, nil
+}
+
+// waitReadyz polls /readyz until it answers 200.
+func (p *idemgateProcess) waitReadyz(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	last := "no answer"
+	for {
+		if err := p.checkAlive(); err != nil {
+			return err
+		}
+		var body bytes.Buffer
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := p.adminGet(rctx, "/readyz", &body)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		last = strings.TrimSpace(err.Error() + " " + body.String())
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: /readyz did not answer 200 within %s (last: %s): %s", p.name, timeout, last, p.lastLines())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// hasPprof reports whether idemgate's admin server serves /debug/pprof/.
+func (p *idemgateProcess) hasPprof(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.adminAddr+"/debug/pprof/", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode == http.StatusOK
+}
+
+// adminGet fetches a path of idemgate's admin server into w.
+func (p *idemgateProcess) adminGet(ctx context.Context, path string, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.adminAddr+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("failed to get %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s answered %s", path, resp.Status)
+	}
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("failed to read %s: %w", path, err)
+	}
+	return nil
+}

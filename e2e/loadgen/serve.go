@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os/signal"
+	"syscall"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+
+	"github.com/idemgate/idemgate/e2e/loadgen/floor"
+)
+
+// serveOptions are the hidden flags of the child mode (-serve).
+type serveOptions struct {
+	kind      string // noop | iofloor
+	listen    string
+	redisAddr string
+	pgDSN     string
+}
+
+// serve runs a floor server as this process's only job, prints "ready" on
+// stderr once listening (as idemgate does) and stops on SIGTERM/SIGINT.
+// The floors use gRPC's default server options.
+func serve(o serveOptions, stderr io.Writer) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	var srv extprocv3.ExternalProcessorServer
+	switch o.kind {
+	case "noop":
+		srv = floor.Noop{}
+	case "iofloor":
+		if o.redisAddr == "" || o.pgDSN == "" {
+			return errors.New("-serve iofloor needs -redis-addr and -pg-dsn")
+		}
+		// go-redis and pgx pools with their default sizes.
+		rdb := goredis.NewClient(&goredis.Options{Addr: o.redisAddr})
+		defer rdb.Close()
+		pool, err := pgxpool.New(ctx, o.pgDSN)
+		if err != nil {
+			return fmt.Errorf("failed to open the PostgreSQL pool: %w", err)
+		}
+		defer pool.Close()
+		io, err := floor.NewIO(ctx, floor.IOOptions{Redis: rdb, Postgres: pool})
+		if err != nil {
+			return err
+		}
+		srv = io
+	default:
+		return fmt.Errorf("unknown -serve %q (noop|iofloor)", o.kind)
+	}
+
+	lis, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("failed to listen on %s: %w", o.listen, err)
+	}
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, srv)
+	errc := make(chan error, 1)
+	go func() { errc <- gs.Serve(lis) }()
+	fmt.Fprintln(stderr, "ready")
+	select {
+	case <-ctx.Done():
+		gs.Stop()
+		return nil
+	case err := <-errc:
+		return fmt.Errorf("failed to serve: %w", err)
+	}
+}
