@@ -39,6 +39,8 @@ type bench struct {
 	confirm  *route
 	ioRate   map[int]float64 // io-floor req/s per concurrency, sizes confirm pools
 	pprofMsg string          // set once: what profiling found
+	// sidePprof: bin is idemgatepprof, which serves pprof on its own port.
+	sidePprof bool
 
 	rep *report.Report
 }
@@ -177,6 +179,12 @@ func (b *bench) setup(ctx context.Context) error {
 	return nil
 }
 
+// profiling reports whether profiles of idemgate were asked for.
+func (b *bench) profiling() bool { return b.opts.cpuProfileDir != "" || b.opts.memProfileDir != "" }
+
+// idemgateBinary builds idemgate once (or takes -idemgate). When profiles
+// are asked for it builds idemgatepprof instead: idemgate's admin server has
+// no /debug/pprof, and that command is mainlib.Main plus a pprof listener.
 func (b *bench) idemgateBinary(ctx context.Context) (string, error) {
 	if b.opts.idemgateBin != "" {
 		if _, err := os.Stat(b.opts.idemgateBin); err != nil {
@@ -188,12 +196,18 @@ func (b *bench) idemgateBinary(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	pkg := idemgatePackage
+	if b.profiling() {
+		pkg = idemgatePprofPackage
+		b.sidePprof = true
+	}
 	out := filepath.Join(b.tmp, "idemgate")
 	start := time.Now()
-	if err := buildIdemgate(ctx, root, out); err != nil {
+	if err := buildIdemgate(ctx, root, out, pkg); err != nil {
+		b.sidePprof = false
 		return "", err
 	}
-	b.log.Info("built idemgate", "took", time.Since(start).Round(time.Millisecond))
+	b.log.Info("built idemgate", "package", pkg, "took", time.Since(start).Round(time.Millisecond))
 	return out, nil
 }
 
@@ -336,8 +350,9 @@ func figuresOf(res *driver.Result) *report.Figures {
 	for _, e := range list {
 		parts = append(parts, fmt.Sprintf("%s ×%d", e.o, e.n))
 	}
+	ok := float64(res.Requests - res.Unexpected)
 	return &report.Figures{
-		RPS: res.RPS(), P50: res.Latency.Quantile(0.50), P90: res.Latency.Quantile(0.90),
+		RPS: ok / res.Elapsed.Seconds(), P50: res.Latency.Quantile(0.50), P90: res.Latency.Quantile(0.90),
 		P99: res.Latency.Quantile(0.99), Max: res.Latency.Max(),
 		Requests: res.Requests, Errors: res.Unexpected, Outcomes: strings.Join(parts, ", "),
 	}
@@ -410,15 +425,20 @@ func (b *bench) startIdemgateFor(ctx context.Context, name, store string) (*idem
 	case "postgres":
 		s.PostgresDSN = b.db.dsn
 	}
-	p, err := startIdemgate(ctx, b.bin, b.tmp, name, b.key, s)
+	p, err := startIdemgate(ctx, b.bin, b.tmp, name, b.key, s, b.sidePprof)
 	if err != nil {
 		return nil, err
 	}
-	if b.pprofMsg == "" {
-		if p.hasPprof(ctx) {
-			b.pprofMsg = "idemgate's admin server serves /debug/pprof; -cpuprofile/-memprofile fetch CPU and allocation profiles from it."
-		} else {
-			b.pprofMsg = "idemgate's admin server does not serve /debug/pprof (yet): -cpuprofile/-memprofile cannot profile it."
+	if b.profiling() && b.pprofMsg == "" {
+		switch {
+		case !p.hasPprof(ctx):
+			b.pprofMsg = "idemgate does not serve /debug/pprof at " + p.pprofAddr + ": no profiles were taken."
+		case b.sidePprof:
+			b.pprofMsg = "Profiles: idemgate's admin server does not serve /debug/pprof, so the idemgate scenarios ran " +
+				idemgatePprofPackage + " (mainlib.Main unchanged, plus net/http/pprof on a separate loopback port); " +
+				"cells marked profiled had a CPU/allocation profile taken during their window."
+		default:
+			b.pprofMsg = "Profiles were taken from idemgate's admin server /debug/pprof; cells marked profiled had a CPU/allocation profile taken during their window."
 		}
 	}
 	return p, nil
@@ -612,7 +632,7 @@ func (b *bench) finishReport() {
 		{Name: "confirm-postgres / io-floor", Num: scConfirmPostgres, Den: scIOFloor,
 			Note: "the PostgreSQL-only path makes no Redis round trips but its acquire is an INSERT … ON CONFLICT plus read; no target set."},
 	}
-	if b.pprofMsg != "" && (o.cpuProfileDir != "" || o.memProfileDir != "") {
+	if b.pprofMsg != "" {
 		b.rep.Notes = append(b.rep.Notes, b.pprofMsg)
 	}
 	if l := b.rep.Machine.LoadAverage; l != "" {
@@ -622,7 +642,7 @@ func (b *bench) finishReport() {
 		fmt.Sprintf("%s measured per cell after %s warm-up; closed loop: each of c workers sends its next request when the previous one ends.", o.duration, o.warmup),
 		fmt.Sprintf("%d HTTP/2 connections per server (separate grpc.ClientConns), streams spread round-robin; Envoy's 256 MiB flow-control windows.", o.conns),
 		fmt.Sprintf("ext_proc filter as envoy/envoy.yaml: request/response headers SEND, bodies BUFFERED, trailers SKIP, allow_mode_override, message_timeout %s.", o.messageTimeout),
-		"Latency is per HTTP request end to end (stream open to the last reply), in a log-linear histogram (≤ 0.8 % error); req/s counts requests completed inside the window.",
+		"Latency is per HTTP request end to end (stream open to the last reply), over every request completed inside the window, in a log-linear histogram (≤ 0.8 % error); ok req/s counts only those with the scenario's expected outcome, and the ratios use it.",
 		fmt.Sprintf("Count bound: at most %d req/s × (warm-up + duration) requests per cell; first-time confirm cells get 3 × the I/O floor's rate worth of minted fingerprints.", o.budgetRate),
 		"Errors: requests whose outcome is not the scenario's expected one (see Servers); outcomes list every result (local = a reply idemgate or Envoy wrote, not the upstream's).",
 		"Each server is a separate process (floors: this tool re-executed with -serve; idemgate: built once with go build ./cmd/idemgate), restarted per server with empty Redis and truncated tables.",

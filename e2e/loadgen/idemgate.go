@@ -28,11 +28,18 @@ func moduleRoot(ctx context.Context) (string, error) {
 	return filepath.Dir(mod), nil
 }
 
-// buildIdemgate runs `go build -o out ./cmd/idemgate` in the module root.
-// The error carries the compiler's first lines: the binary may not build
-// yet while cmd/idemgate is being written.
-func buildIdemgate(ctx context.Context, root, out string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/idemgate")
+// The packages the tool builds idemgate from: the real command, or the same
+// command with net/http/pprof on a side listener when profiling is asked for.
+const (
+	idemgatePackage      = "./cmd/idemgate"
+	idemgatePprofPackage = "./e2e/loadgen/idemgatepprof"
+)
+
+// buildIdemgate runs `go build -o out <pkg>` in the module root. The error
+// carries the compiler's first lines: the binary may not build yet while
+// cmd/idemgate is being written.
+func buildIdemgate(ctx context.Context, root, out, pkg string) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
 	cmd.Dir = root
 	var buf bytes.Buffer
 	cmd.Stdout = &buf
@@ -42,7 +49,7 @@ func buildIdemgate(ctx context.Context, root, out string) error {
 		if len(lines) > 4 {
 			lines = append(lines[:4], "…")
 		}
-		return fmt.Errorf("go build ./cmd/idemgate failed (%v): %s", err, strings.Join(lines, "; "))
+		return fmt.Errorf("go build %s failed (%v): %s", pkg, err, strings.Join(lines, "; "))
 	}
 	return nil
 }
@@ -116,11 +123,15 @@ type idemgateProcess struct {
 	*child
 	grpcAddr  string
 	adminAddr string
+	// pprofAddr serves /debug/pprof: the idemgatepprof side listener, or
+	// the admin server (should it ever serve pprof itself).
+	pprofAddr string
 }
 
 // startIdemgate writes the config to dir and starts `idemgate serve`,
-// waiting for its ready line.
-func startIdemgate(ctx context.Context, bin, dir, name, key string, s idemgateSettings) (*idemgateProcess, error) {
+// waiting for its ready line and for /readyz. With sidePprof the binary is
+// idemgatepprof and gets a loopback port for its pprof listener.
+func startIdemgate(ctx context.Context, bin, dir, name, key string, s idemgateSettings, sidePprof bool) (*idemgateProcess, error) {
 	gp, err := freePort()
 	if err != nil {
 		return nil, err
@@ -139,18 +150,28 @@ func startIdemgate(ctx context.Context, bin, dir, name, key string, s idemgateSe
 	if err := os.WriteFile(path, cfg, 0o600); err != nil {
 		return nil, fmt.Errorf("failed to write %s: %w", path, err)
 	}
+	env := []string{"IDEMGATE_KEY_K1=" + key}
+	pprofAddr := s.AdminListen
+	if sidePprof {
+		pp, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		pprofAddr = fmt.Sprintf("127.0.0.1:%d", pp)
+		env = append(env, "IDEMGATE_PPROF_LISTEN="+pprofAddr)
+	}
 	c, err := startChild(ctx, childSpec{
 		name:      "idemgate (" + name + ")",
 		path:      bin,
 		args:      []string{"serve", "--config", path},
-		env:       []string{"IDEMGATE_KEY_K1=" + key},
+		env:       env,
 		readyLine: "ready",
 		timeout:   60 * time.Second, // migrations on a busy machine
 	})
 	if err != nil {
 		return nil, err
 	}
-	p := &idemgateProcess{child: c, grpcAddr: s.GRPCListen, adminAddr: s.AdminListen}
+	p := &idemgateProcess{child: c, grpcAddr: s.GRPCListen, adminAddr: s.AdminListen, pprofAddr: pprofAddr}
 	// "ready" means listening; /readyz says the stores answer (migrations
 	// applied). Measuring before that would count start-up 503s.
 	if err := p.waitReadyz(ctx, 60*time.Second); err != nil {
@@ -170,7 +191,7 @@ func (p *idemgateProcess) waitReadyz(ctx context.Context, timeout time.Duration)
 		}
 		var body bytes.Buffer
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := p.adminGet(rctx, "/readyz", &body)
+		err := p.get(rctx, p.adminAddr, "/readyz", &body)
 		cancel()
 		if err == nil {
 			return nil
@@ -187,26 +208,16 @@ func (p *idemgateProcess) waitReadyz(ctx context.Context, timeout time.Duration)
 	}
 }
 
-// hasPprof reports whether idemgate's admin server serves /debug/pprof/.
+// hasPprof reports whether /debug/pprof/ answers at pprofAddr.
 func (p *idemgateProcess) hasPprof(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.adminAddr+"/debug/pprof/", nil)
-	if err != nil {
-		return false
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return false
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode == http.StatusOK
+	return p.get(ctx, p.pprofAddr, "/debug/pprof/", io.Discard) == nil
 }
 
-// adminGet fetches a path of idemgate's admin server into w.
-func (p *idemgateProcess) adminGet(ctx context.Context, path string, w io.Writer) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.adminAddr+path, nil)
+// get fetches http://addr+path into w; anything but 200 is an error.
+func (p *idemgateProcess) get(ctx context.Context, addr, path string, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
 	if err != nil {
 		return err
 	}

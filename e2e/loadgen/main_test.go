@@ -105,7 +105,7 @@ func TestSmokeIdemgate(t *testing.T) {
 	root, err := moduleRoot(t.Context())
 	require.NoError(t, err)
 	bin := filepath.Join(t.TempDir(), "idemgate")
-	if err := buildIdemgate(t.Context(), root, bin); err != nil {
+	if err := buildIdemgate(t.Context(), root, bin, idemgatePackage); err != nil {
 		t.Skipf("idemgate smoke test skipped: ./cmd/idemgate does not build yet: %v", err)
 	}
 	servicesOrSkip(t)
@@ -293,4 +293,37 @@ func TestCommandLine(t *testing.T) {
 		commandLine([]string{"/tmp/go-build123/b001/exe/loadgen", "-out", "BENCHMARKS.md"}))
 	require.Equal(t, `./loadgen -scenarios "floor, preview"`, commandLine([]string{"./loadgen", "-scenarios", "floor, preview"}))
 	require.Equal(t, "7.0.15", redisVersion("Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=ae4d7c971a948f0\n"))
+}
+
+func TestProfilesThroughIdemgatePprof(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipped in -short: builds and runs idemgate")
+	}
+	root, err := moduleRoot(t.Context())
+	require.NoError(t, err)
+	bin := filepath.Join(t.TempDir(), "idemgatepprof")
+	if err := buildIdemgate(t.Context(), root, bin, idemgatePprofPackage); err != nil {
+		t.Skipf("profiling test skipped: %s does not build yet: %v", idemgatePprofPackage, err)
+	}
+	dir := t.TempDir()
+	b := newTestBench(t, "-concurrency", "2", "-duration", "1s", "-cpuprofile", dir, "-memprofile", dir)
+	key, err := fingerprint.GenerateKey()
+	require.NoError(t, err)
+	// The memory store: no services needed to check the profiling path.
+	p, err := startIdemgate(t.Context(), bin, b.tmp, "pprof", key, idemgateSettings{}, true)
+	require.NoError(t, err)
+	defer p.stop(5 * time.Second)
+	require.NotEqual(t, p.adminAddr, p.pprofAddr)
+	require.True(t, p.hasPprof(t.Context()))
+
+	prof := b.profiler(t.Context(), cellSpec{scenario: "preview", idemgate: p}, 2)
+	require.True(t, prof.active)
+	prof.start()
+	prof.wait()
+	for _, kind := range []string{"cpu", "allocs"} {
+		st, err := os.Stat(filepath.Join(dir, "preview-c2."+kind+".pprof"))
+		require.NoError(t, err, kind)
+		require.Positive(t, st.Size(), kind)
+	}
+	require.False(t, b.profiler(t.Context(), cellSpec{scenario: "preview", idemgate: p}, 1).active, "only the profiled concurrency")
 }

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -102,7 +101,7 @@ func (b *bench) memoryRoute(ctx context.Context, routeName string) (report.Memor
 	if _, err := (driver.Run{Conns: conns, Filter: filter, Source: warm, Concurrency: 16, Duration: time.Second, Expect: expect}).Execute(ctx); err != nil && !errors.Is(err, driver.ErrExhaustedInWarmup) {
 		return m, fmt.Errorf("warm-up: %w", err)
 	}
-	gcNote := b.settle(ctx, p)
+	settle()
 	if m.Before, err = report.ResidentBytes(p.pid()); err != nil {
 		return m, err
 	}
@@ -180,7 +179,7 @@ wait:
 	}
 	m.Reached = int(opened.Load())
 	b.log.Info("streams open", "route", routeName, "open", m.Reached, "failed", failed.Load(), "took", time.Since(start).Round(time.Millisecond))
-	b.settle(ctx, p)
+	settle()
 	for i := 0; i < 3; i++ {
 		rss, err := report.ResidentBytes(p.pid())
 		if err != nil {
@@ -211,34 +210,21 @@ wait:
 	if bad > 0 {
 		notes = append(notes, fmt.Sprintf("%d streams did not end as expected", bad))
 	}
-	if gcNote != "" {
-		notes = append(notes, gcNote)
-	}
 	m.Note = strings.Join(notes, "; ")
 	b.log.Info("memory measured", "route", routeName, "rss_before", m.Before, "rss_open", m.Open, "per_stream_bytes", int(m.PerStream()), "note", m.Note)
 	return m, nil
 }
 
-// settle lets the server's heap settle before a reading: a GC through pprof
-// when idemgate serves it (so garbage from the warm-up or the openings does
-// not count as held memory), then a short pause.
-func (b *bench) settle(ctx context.Context, p *idemgateProcess) string {
-	note := ""
-	if p.hasPprof(ctx) {
-		if err := p.adminGet(ctx, "/debug/pprof/heap?gc=1", io.Discard); err == nil {
-			note = "GC forced before each reading"
-		}
-	}
-	time.Sleep(500 * time.Millisecond)
-	return note
-}
+// settle pauses before a reading so that the server's work on the last
+// messages is done. No GC is forced: the figure is what the kernel sees.
+func settle() { time.Sleep(500 * time.Millisecond) }
 
 // openStreamsGauge reads idemgate_open_streams from /metrics ("" if absent).
 func (p *idemgateProcess) openStreamsGauge(ctx context.Context) string {
 	var buf bytes.Buffer
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := p.adminGet(ctx, "/metrics", &buf); err != nil {
+	if err := p.get(ctx, p.adminAddr, "/metrics", &buf); err != nil {
 		return ""
 	}
 	sc := bufio.NewScanner(&buf)

@@ -9,7 +9,8 @@ import (
 	"time"
 )
 
-// cellProfiler fetches pprof profiles from idemgate's admin server while a
+// cellProfiler fetches pprof profiles from idemgate (the idemgatepprof side
+// listener, see idemgateBinary) while a
 // cell's window is measured: a CPU profile and an allocation delta profile,
 // both covering the window. The figures of a profiled cell carry a note:
 // the profiler itself costs the server some CPU.
@@ -82,7 +83,7 @@ func (b *bench) saveProfile(ctx context.Context, p *idemgateProcess, path, file 
 	defer f.Close()
 	ctx, cancel := context.WithTimeout(ctx, b.opts.duration+30*time.Second)
 	defer cancel()
-	if err := p.adminGet(ctx, path, f); err != nil {
+	if err := p.get(ctx, p.pprofAddr, path, f); err != nil {
 		return err
 	}
 	return f.Close()

@@ -13,6 +13,9 @@ import (
 
 // Figures are one server's measurement at one concurrency.
 type Figures struct {
+	// RPS counts requests per second that ended with the scenario's
+	// expected outcome (errors excluded: a server that fails fast must not
+	// look fast). Latencies cover every completed request.
 	RPS                float64
 	P50, P90, P99, Max time.Duration
 	Requests           uint64
@@ -212,7 +215,7 @@ func yesNo(ok bool) string {
 }
 
 func (r *Report) writeFigures(b *strings.Builder) {
-	b.WriteString("| server | c | req/s | p50 ms | p90 ms | p99 ms | max ms | requests | errors | outcomes |\n")
+	b.WriteString("| server | c | ok req/s | p50 ms | p90 ms | p99 ms | max ms | requests | errors | outcomes |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, s := range r.scenarioOrder() {
 		for _, c := range r.Concurrencies {

@@ -80,7 +80,7 @@ func TestRatioMissesItsTarget(t *testing.T) {
 
 func TestFiguresTable(t *testing.T) {
 	md := sampleReport().Markdown()
-	want := `| server | c | req/s | p50 ms | p90 ms | p99 ms | max ms | requests | errors | outcomes |
+	want := `| server | c | ok req/s | p50 ms | p90 ms | p99 ms | max ms | requests | errors | outcomes |
 |---|---:|---:|---:|---:|---:|---:|---:|---:|---|
 | floor | 1 | 2000 | 0.45 | 0.90 | 1.80 | 18.0 | 10000 | 0 | 200 ×n |
 | floor | 64 | 8000 | 7.00 | 14.0 | 28.0 | 280 | 40000 | 0 | 200 ×n |
