@@ -58,8 +58,30 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	return run(ctx, rt, logger, stderr)
 }
 
-// run serves a compiled config.
+// run serves a compiled config on the addresses it names.
 func run(ctx context.Context, rt *config.Runtime, logger *slog.Logger, stderr io.Writer) error {
+	grpcLis, err := net.Listen("tcp", rt.GRPCListen)
+	if err != nil {
+		return fmt.Errorf("failed to listen on grpc_listen %s: %w", rt.GRPCListen, err)
+	}
+	adminLis, err := net.Listen("tcp", rt.AdminListen)
+	if err != nil {
+		grpcLis.Close()
+		return fmt.Errorf("failed to listen on admin_listen %s: %w", rt.AdminListen, err)
+	}
+	// One plain line, whatever the log format, for harnesses to wait on.
+	return runOn(ctx, rt, logger, grpcLis, adminLis, func() { fmt.Fprintln(stderr, "ready") })
+}
+
+// runOn serves a compiled config on listeners that are already open (serve
+// opens them from the config; demo opens loopback ports whose addresses it
+// must know before it builds the Envoy front). It closes both listeners and
+// calls onReady once both are being served.
+func runOn(ctx context.Context, rt *config.Runtime, logger *slog.Logger, grpcLis, adminLis net.Listener, onReady func()) error {
+	// Serve and Shutdown close them too; this covers the early returns.
+	defer grpcLis.Close()
+	defer adminLis.Close()
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := extproc.NewMetrics(reg)
@@ -88,15 +110,6 @@ func run(ctx context.Context, rt *config.Runtime, logger *slog.Logger, stderr io
 	extproc.SetServing(hs, true)
 	gs := extproc.NewGRPCServer(srv, hs)
 
-	grpcLis, err := net.Listen("tcp", rt.GRPCListen)
-	if err != nil {
-		return fmt.Errorf("failed to listen on grpc_listen %s: %w", rt.GRPCListen, err)
-	}
-	adminLis, err := net.Listen("tcp", rt.AdminListen)
-	if err != nil {
-		grpcLis.Close()
-		return fmt.Errorf("failed to listen on admin_listen %s: %w", rt.AdminListen, err)
-	}
 	ready := &readiness{}
 	ready.set(false, "starting")
 	go ready.watch(bg, ss, metrics, logger)
@@ -116,8 +129,7 @@ func run(ctx context.Context, rt *config.Runtime, logger *slog.Logger, stderr io
 	}()
 	logger.Info("idemgate serving", "version", Version, "grpc", grpcLis.Addr().String(), "admin", adminLis.Addr().String(),
 		"store", ss.backend, "operations", len(rt.Operations))
-	// One plain line, whatever the log format, for harnesses to wait on.
-	fmt.Fprintln(stderr, "ready")
+	onReady()
 
 	var serveErr error
 	select {
