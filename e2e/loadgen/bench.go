@@ -27,18 +27,19 @@ type bench struct {
 	log     *slog.Logger
 	command string
 
-	tmp      string
-	self     string
-	redis    *benchRedis
-	db       *benchDatabase
-	bin      string // idemgate binary; empty when unavailable
-	binErr   error  // why idemgate cannot run
-	key      string // base64 signing key given to idemgate as IDEMGATE_KEY_K1
-	minter   *minter
-	preview  *route
-	confirm  *route
-	ioRate   map[int]float64 // io-floor req/s per concurrency, sizes confirm pools
-	pprofMsg string          // set once: what profiling found
+	tmp       string
+	self      string
+	redis     *benchRedis
+	db        *benchDatabase
+	bin       string // idemgate binary; empty when unavailable
+	binErr    error  // why idemgate cannot run
+	storesErr error  // why Redis or PostgreSQL is unavailable
+	key       string // base64 signing key given to idemgate as IDEMGATE_KEY_K1
+	minter    *minter
+	preview   *route
+	confirm   *route
+	ioRate    map[int]float64 // io-floor req/s per concurrency, sizes confirm pools
+	pprofMsg  string          // set once: what profiling found
 	// sidePprof: bin is idemgatepprof, which serves pprof on its own port.
 	sidePprof bool
 
@@ -159,15 +160,12 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	if b.needsStores() {
-		if b.redis, err = startRedis(ctx, b.opts.redisServer, b.tmp); err != nil {
-			return fmt.Errorf("failed to start the run's redis-server: %w", err)
+		if err := b.startStores(ctx); err != nil {
+			// The scenarios that need no store still run.
+			b.storesErr = err
+			b.log.Warn("store scenarios skipped", "reason", err)
+			b.rep.Notes = append(b.rep.Notes, "store scenarios skipped: "+err.Error())
 		}
-		b.rep.Machine.Redis = b.redis.version
-		if b.db, err = createBenchDatabase(ctx, b.opts.pgAdminDSN); err != nil {
-			return err
-		}
-		b.rep.Machine.Postgres = b.db.version
-		b.log.Info("services ready", "redis", b.redis.addr, "postgres_database", b.db.name)
 	}
 	if b.needsIdemgate() {
 		b.bin, b.binErr = b.idemgateBinary(ctx)
@@ -185,6 +183,26 @@ func (b *bench) profiling() bool { return b.opts.cpuProfileDir != "" || b.opts.m
 // idemgateBinary builds idemgate once (or takes -idemgate). When profiles
 // are asked for it builds idemgatepprof instead: idemgate's admin server has
 // no /debug/pprof, and that command is mainlib.Main plus a pprof listener.
+func (b *bench) startStores(ctx context.Context) error {
+	r, err := startRedis(ctx, b.opts.redisServer, b.tmp)
+	if err != nil {
+		return fmt.Errorf("failed to start the run's redis-server: %w", err)
+	}
+	b.redis = r
+	b.rep.Machine.Redis = r.version
+	db, err := createBenchDatabase(ctx, b.opts.pgAdminDSN)
+	if err != nil {
+		return err
+	}
+	b.db = db
+	b.rep.Machine.Postgres = db.version
+	b.log.Info("services ready", "redis", r.addr, "postgres_database", db.name)
+	return nil
+}
+
+// haveStores reports whether Redis and PostgreSQL are up for this run.
+func (b *bench) haveStores() bool { return b.storesErr == nil && b.redis != nil && b.db != nil }
+
 func (b *bench) idemgateBinary(ctx context.Context) (string, error) {
 	if b.opts.idemgateBin != "" {
 		if _, err := os.Stat(b.opts.idemgateBin); err != nil {
@@ -388,6 +406,10 @@ func (b *bench) runFloor(ctx context.Context) error {
 }
 
 func (b *bench) runIOFloor(ctx context.Context) error {
+	if !b.haveStores() {
+		b.skip(scIOFloor, "Redis or PostgreSQL unavailable")
+		return nil
+	}
 	if err := b.resetStores(ctx); err != nil {
 		return err
 	}
@@ -450,7 +472,7 @@ func (b *bench) runPreview(ctx context.Context) error {
 		return nil
 	}
 	store := "memory"
-	if b.redis != nil && b.db != nil {
+	if b.haveStores() {
 		// As deployed: the stores are configured, preview just never calls them.
 		store = "tiered"
 		if err := b.resetStores(ctx); err != nil {
@@ -488,6 +510,10 @@ func (b *bench) runConfirm(ctx context.Context, scenario string) error {
 		b.skip(scenario, "idemgate unavailable")
 		return nil
 	}
+	if !b.haveStores() {
+		b.skip(scenario, "Redis or PostgreSQL unavailable")
+		return nil
+	}
 	if err := b.resetStores(ctx); err != nil {
 		return err
 	}
@@ -518,6 +544,10 @@ func (b *bench) runConfirm(ctx context.Context, scenario string) error {
 func (b *bench) runReplay(ctx context.Context) error {
 	if b.bin == "" {
 		b.skip(scReplay, "idemgate unavailable")
+		return nil
+	}
+	if !b.haveStores() {
+		b.skip(scReplay, "Redis or PostgreSQL unavailable")
 		return nil
 	}
 	if err := b.resetStores(ctx); err != nil {

@@ -130,7 +130,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	var conc, scen, memRoutes string
 	fs.StringVar(&o.out, "out", "", "write the markdown report to this file (default: stdout)")
-	fs.DurationVar(&o.duration, "duration", 6*time.Second, "measured time per cell (server × concurrency)")
+	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per cell (server × concurrency)")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up before each cell")
 	fs.StringVar(&conc, "concurrency", "1,16,64", "comma-separated concurrencies (simultaneous HTTP requests)")
 	fs.IntVar(&o.conns, "conns", 2, "HTTP/2 connections to each server (Envoy: one per worker thread; 2 on a 2-core machine)")

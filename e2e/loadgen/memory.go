@@ -44,7 +44,7 @@ func (b *bench) memoryRoute(ctx context.Context, routeName string) (report.Memor
 	o := b.opts
 	m := report.Memory{Route: routeName, Streams: o.memStreams, BodyBytes: o.memBody}
 	store := "memory"
-	if b.redis != nil && b.db != nil {
+	if b.haveStores() {
 		store = "tiered"
 		if err := b.resetStores(ctx); err != nil {
 			return m, err
