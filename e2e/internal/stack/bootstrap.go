@@ -1,0 +1,158 @@
+package stack
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3" // typed_config resolution
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"sigs.k8s.io/yaml"
+
+	"github.com/idemgate/idemgate/envoy"
+)
+
+// confirmRouteName is the route of envoy.yaml that carries confirms.
+const confirmRouteName = "transfer_confirm"
+
+// bootstrapEdits are the changes the stack makes to the shipped envoy.yaml.
+// They are made on the decoded v3 Bootstrap, so the same bytes feed the
+// harness (envoysim.FromBootstrap) and a real Envoy (-c file).
+type bootstrapEdits struct {
+	listenAddr string
+	adminAddr  string
+	// clusters maps cluster names to their single endpoint (host:port).
+	clusters map[string]string
+	// confirmRouteTimeout replaces the confirm route's timeout when > 0.
+	confirmRouteTimeout time.Duration
+}
+
+// renderBootstrap returns the shipped envoy.yaml with edits applied, as YAML.
+func renderBootstrap(e bootstrapEdits) ([]byte, error) {
+	js, err := yaml.YAMLToJSON(envoy.BootstrapYAML())
+	if err != nil {
+		return nil, fmt.Errorf("failed to convert envoy.yaml to JSON: %w", err)
+	}
+	var bs bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(js, &bs); err != nil {
+		return nil, fmt.Errorf("failed to decode envoy.yaml: %w", err)
+	}
+
+	if e.adminAddr != "" {
+		sa, err := socketAddress(e.adminAddr)
+		if err != nil {
+			return nil, err
+		}
+		bs.GetAdmin().GetAddress().Address = &corev3.Address_SocketAddress{SocketAddress: sa}
+	}
+	listeners := bs.GetStaticResources().GetListeners()
+	if len(listeners) != 1 {
+		return nil, fmt.Errorf("envoy.yaml should have one listener, has %d", len(listeners))
+	}
+	if e.listenAddr != "" {
+		sa, err := socketAddress(e.listenAddr)
+		if err != nil {
+			return nil, err
+		}
+		listeners[0].Address = &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: sa}}
+	}
+
+	found := map[string]bool{}
+	for _, c := range bs.GetStaticResources().GetClusters() {
+		addr, ok := e.clusters[c.GetName()]
+		if !ok {
+			continue
+		}
+		sa, err := socketAddress(addr)
+		if err != nil {
+			return nil, err
+		}
+		eps := c.GetLoadAssignment().GetEndpoints()
+		if len(eps) != 1 || len(eps[0].GetLbEndpoints()) != 1 {
+			return nil, fmt.Errorf("cluster %s should have exactly one endpoint", c.GetName())
+		}
+		eps[0].GetLbEndpoints()[0].GetEndpoint().Address = &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: sa}}
+		found[c.GetName()] = true
+	}
+	for name := range e.clusters {
+		if !found[name] {
+			return nil, fmt.Errorf("envoy.yaml has no cluster %q", name)
+		}
+	}
+
+	if e.confirmRouteTimeout > 0 {
+		if err := editHCM(listeners[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig(), func(h *hcmv3.HttpConnectionManager) error {
+			return setRouteTimeout(h, confirmRouteName, e.confirmRouteTimeout)
+		}); err != nil {
+			return nil, err
+		}
+	}
+
+	if err := bs.ValidateAll(); err != nil {
+		return nil, fmt.Errorf("the edited bootstrap is invalid: %w", err)
+	}
+	out, err := protojson.Marshal(&bs)
+	if err != nil {
+		return nil, fmt.Errorf("failed to encode the bootstrap: %w", err)
+	}
+	return yaml.JSONToYAML(out)
+}
+
+// editHCM decodes the HTTP connection manager in a, lets edit change it, and
+// packs it back.
+func editHCM(a *anypb.Any, edit func(*hcmv3.HttpConnectionManager) error) error {
+	var h hcmv3.HttpConnectionManager
+	if err := a.UnmarshalTo(&h); err != nil {
+		return fmt.Errorf("failed to decode the http_connection_manager: %w", err)
+	}
+	if err := edit(&h); err != nil {
+		return err
+	}
+	packed, err := anypb.New(&h)
+	if err != nil {
+		return fmt.Errorf("failed to encode the http_connection_manager: %w", err)
+	}
+	a.TypeUrl, a.Value = packed.TypeUrl, packed.Value
+	return nil
+}
+
+func setRouteTimeout(h *hcmv3.HttpConnectionManager, name string, d time.Duration) error {
+	for _, vh := range h.GetRouteConfig().GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			if r.GetName() != name {
+				continue
+			}
+			ra, ok := r.GetAction().(*routev3.Route_Route)
+			if !ok {
+				return fmt.Errorf("route %s does not forward to a cluster", name)
+			}
+			ra.Route.Timeout = durationpb.New(d)
+			return nil
+		}
+	}
+	return fmt.Errorf("envoy.yaml has no route %q", name)
+}
+
+func socketAddress(hostport string) (*corev3.SocketAddress, error) {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return nil, fmt.Errorf("bad address %q: %w", hostport, err)
+	}
+	p, err := strconv.ParseUint(port, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("bad port in %q: %w", hostport, err)
+	}
+	return &corev3.SocketAddress{Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(p)}}, nil
+}

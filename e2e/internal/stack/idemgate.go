@@ -1,0 +1,329 @@
+package stack
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/idemgate/idemgate/envoy"
+)
+
+// idemgateConfig is what the stack changes in the shipped envoy/idemgate.yaml:
+// where the stores and listeners are, and the timings a test needs. The
+// operations, params and everything else stay as shipped.
+type idemgateConfig struct {
+	grpcAddr, adminAddr string
+	redisAddr           string
+	fingerprintTTL      time.Duration
+	inFlightTTL         time.Duration
+	ignoreKeys          bool
+	upstreamTimeout     time.Duration
+}
+
+// render derives the test's idemgate.yaml from the shipped one.
+func (c idemgateConfig) render() ([]byte, error) {
+	doc := map[string]any{}
+	if err := yaml.Unmarshal(envoy.IdemgateYAML(), &doc); err != nil {
+		return nil, fmt.Errorf("failed to decode the shipped idemgate.yaml: %w", err)
+	}
+	doc["grpc_listen"] = c.grpcAddr
+	doc["admin_listen"] = c.adminAddr
+	// Text logs: the tests read event=security_alert lines, and a person
+	// reads the dump of a failed test.
+	doc["log"] = map[string]any{"level": "info", "format": "text"}
+	// A test's stack is stopped at cleanup; no load balancer waits for it.
+	doc["drain"] = map[string]any{"period": "0s", "timeout": "5s"}
+
+	store, err := child(doc, "store")
+	if err != nil {
+		return nil, err
+	}
+	redis, err := child(store, "redis")
+	if err != nil {
+		return nil, err
+	}
+	redis["addrs"] = []any{c.redisAddr}
+	postgres, err := child(store, "postgres")
+	if err != nil {
+		return nil, err
+	}
+	if postgres["dsn_env"] != postgresDSNEnv {
+		return nil, fmt.Errorf("the shipped idemgate.yaml reads the PostgreSQL DSN from %v, the stack sets %s", postgres["dsn_env"], postgresDSNEnv)
+	}
+
+	ttl, err := child(doc, "ttl")
+	if err != nil {
+		return nil, err
+	}
+	if c.fingerprintTTL > 0 {
+		ttl["fingerprint"] = c.fingerprintTTL.String()
+	}
+	if c.inFlightTTL > 0 {
+		ttl["in_flight"] = c.inFlightTTL.String()
+	}
+
+	ops, ok := doc["operations"].([]any)
+	if !ok || len(ops) != 1 {
+		return nil, fmt.Errorf("the shipped idemgate.yaml should have exactly one operation, has %v", doc["operations"])
+	}
+	op, ok := ops[0].(map[string]any)
+	if !ok {
+		return nil, errors.New("operations[0] of the shipped idemgate.yaml is not a mapping")
+	}
+	if c.ignoreKeys {
+		// DESIGN section 8: an explicit empty string means the downstream
+		// ignores keys.
+		op["downstream_idempotency_header"] = ""
+	}
+	if c.upstreamTimeout > 0 {
+		// The config says this equals the confirm route's timeout.
+		op["upstream_timeout"] = c.upstreamTimeout.String()
+	}
+	return yaml.Marshal(doc)
+}
+
+func child(m map[string]any, key string) (map[string]any, error) {
+	v, ok := m[key].(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("the shipped idemgate.yaml has no mapping %q", key)
+	}
+	return v, nil
+}
+
+// Environment variables the shipped idemgate.yaml reads its secrets from.
+const (
+	signingKeyEnv  = "IDEMGATE_KEY_K1"
+	postgresDSNEnv = "IDEMGATE_POSTGRES_DSN"
+)
+
+// newSigningKey returns what `idemgate keygen` prints: base64 of 32 random
+// bytes.
+func newSigningKey() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("failed to generate a signing key: %w", err)
+	}
+	return base64.StdEncoding.EncodeToString(b), nil
+}
+
+// Idemgate is the idemgate server running as a child process, so that a
+// test can kill -9 it and start it again on the same ports.
+type Idemgate struct {
+	bin        string
+	configPath string
+	env        []string
+	// GRPCAddr and AdminAddr are fixed for the stack's lifetime.
+	GRPCAddr, AdminAddr string
+
+	log *logBuffer
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	starts int
+}
+
+// readyTimeout bounds one start: the `ready` line and /readyz answering 200
+// (migrations applied, stores answering). Generous: a race build on two busy
+// cores starts slowly.
+const readyTimeout = 60 * time.Second
+
+// Start runs the server and waits until it printed `ready` and /readyz says
+// the stores answer.
+func (g *Idemgate) Start() error {
+	if err := g.startProcess(); err != nil {
+		return err
+	}
+	return g.WaitReady(readyTimeout)
+}
+
+// startProcess runs the server and waits for its `ready` line only.
+func (g *Idemgate) startProcess() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cmd != nil {
+		return errors.New("idemgate is already running")
+	}
+	g.starts++
+	fmt.Fprintf(g.log, "=== e2e: idemgate start #%d at %s ===\n", g.starts, time.Now().Format(time.RFC3339Nano))
+
+	cmd := exec.Command(g.bin, "serve", "--config", g.configPath)
+	cmd.Env = g.env
+	cmd.Stdout = g.log
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return fmt.Errorf("failed to pipe idemgate's stderr: %w", err)
+	}
+	// Its own process group: a kill reaches this process and nothing else.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("failed to start idemgate: %w", err)
+	}
+	ready := make(chan struct{})
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		signalled := false
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(g.log, line)
+			if !signalled && line == "ready" {
+				signalled = true
+				close(ready)
+			}
+		}
+		_, _ = io.Copy(g.log, stderr)
+	}()
+	exited := make(chan struct{})
+	go func() {
+		<-copied // Wait must not run before the pipe is drained
+		err := cmd.Wait()
+		fmt.Fprintf(g.log, "=== e2e: idemgate exited: %v ===\n", err)
+		close(exited)
+	}()
+	g.cmd, g.exited = cmd, exited
+
+	select {
+	case <-ready:
+		return nil
+	case <-exited:
+		g.cmd = nil
+		return errors.New("idemgate exited before printing ready")
+	case <-time.After(readyTimeout):
+		_ = cmd.Process.Kill()
+		<-exited
+		g.cmd = nil
+		return fmt.Errorf("idemgate did not print ready within %s", readyTimeout)
+	}
+}
+
+// WaitReady polls /readyz until it answers 200.
+func (g *Idemgate) WaitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		code, body, err := g.Readyz()
+		if err == nil && code == http.StatusOK {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("idemgate /readyz did not answer 200 within %s (last: %d %s %v)", timeout, code, body, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Kill sends SIGKILL (a crash: nothing is flushed, no stream is settled) and
+// waits for the process to be gone.
+func (g *Idemgate) Kill() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cmd == nil {
+		return
+	}
+	fmt.Fprintf(g.log, "=== e2e: kill -9 at %s ===\n", time.Now().Format(time.RFC3339Nano))
+	_ = g.cmd.Process.Signal(syscall.SIGKILL)
+	<-g.exited
+	g.cmd = nil
+}
+
+// Stop sends SIGTERM and waits for the drain; SIGKILL if it takes too long.
+func (g *Idemgate) Stop() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cmd == nil {
+		return
+	}
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-g.exited:
+	case <-time.After(20 * time.Second):
+		fmt.Fprintln(g.log, "=== e2e: no exit 20s after SIGTERM; kill -9 ===")
+		_ = g.cmd.Process.Signal(syscall.SIGKILL)
+		<-g.exited
+	}
+	g.cmd = nil
+}
+
+// Log returns everything the process wrote so far, over all its starts.
+func (g *Idemgate) Log() string { return g.log.String() }
+
+// LogLines returns the log lines that contain every one of parts.
+func (g *Idemgate) LogLines(parts ...string) []string { return g.log.Lines(parts...) }
+
+var adminClient = &http.Client{Timeout: 10 * time.Second}
+
+// Readyz fetches /readyz: its status code and body.
+func (g *Idemgate) Readyz() (int, string, error) {
+	resp, err := adminClient.Get("http://" + g.AdminAddr + "/readyz")
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(b)), err
+}
+
+// Metric reads one sample from /metrics, named as the exposition format
+// writes it, labels sorted by name: `idemgate_not_owner_total{operation="transfer"}`.
+// A sample that is absent reads as 0 (a counter never incremented is not
+// exported for a label set).
+func (g *Idemgate) Metric(sample string) (float64, error) {
+	resp, err := adminClient.Get("http://" + g.AdminAddr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range bytes.Split(body, []byte("\n")) {
+		name, value, ok := bytes.Cut(line, []byte(" "))
+		if !ok || string(name) != sample {
+			continue
+		}
+		return strconv.ParseFloat(string(bytes.TrimSpace(value)), 64)
+	}
+	return 0, nil
+}
+
+// Run runs a one-shot idemgate command (ops, migrate, ...) with the
+// server's environment and returns its stdout and stderr.
+func (g *Idemgate) Run(ctx context.Context, args ...string) (stdout, stderr string, err error) {
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, g.bin, args...)
+	cmd.Env = g.env
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err = cmd.Run()
+	return out.String(), errOut.String(), err
+}
+
+// childEnv is the environment of the idemgate processes: the caller's, plus
+// the secrets the config names.
+func childEnv(signingKey, dsn string) []string {
+	env := make([]string, 0, len(os.Environ())+2)
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, signingKeyEnv+"=") || strings.HasPrefix(kv, postgresDSNEnv+"=") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, signingKeyEnv+"="+signingKey, postgresDSNEnv+"="+dsn)
+}

@@ -1,0 +1,360 @@
+// Package stack brings up one complete idemgate deployment for one
+// end-to-end test, all on loopback and all owned by the test:
+//
+//	agent ─▶ front (envoysim harness, or Envoy when ENVOY_BIN is set)
+//	           │ ext_proc gRPC          │ HTTP
+//	           ▼                        ▼
+//	        idemgate (child process)   Upstream recorder ─▶ payments (in-process)
+//	           │            │
+//	           ▼            ▼
+//	  redis-server      PostgreSQL database (fresh, dropped afterwards;
+//	  (test-owned)      optionally behind a TCP proxy the test can cut)
+//
+// The front runs the shipped envoy/envoy.yaml and idemgate a config derived
+// from the shipped envoy/idemgate.yaml: only addresses, TTLs, the log format
+// and the test's tweaks differ. Logs of idemgate and the front are kept and
+// printed only when the test fails. A data race reported by a race-built
+// idemgate fails the test.
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/e2e/payments"
+	"github.com/idemgate/idemgate/internal/testutil"
+)
+
+// Options are a test's changes to the shipped configuration.
+type Options struct {
+	// FingerprintTTL is ttl.fingerprint (0: as shipped, 15m).
+	FingerprintTTL time.Duration
+	// InFlightTTL is ttl.in_flight, the lease (0: as shipped, 2m).
+	InFlightTTL time.Duration
+	// DownstreamIgnoresKeys makes payments ignore Idempotency-Key and sets
+	// the operation's downstream_idempotency_header to "".
+	DownstreamIgnoresKeys bool
+	// ConfirmRouteTimeout replaces the confirm route's timeout in envoy.yaml
+	// (and the operation's upstream_timeout) when > 0.
+	ConfirmRouteTimeout time.Duration
+	// PostgresThroughProxy puts a TCPProxy between idemgate and PostgreSQL.
+	PostgresThroughProxy bool
+}
+
+// Stack is one running deployment.
+type Stack struct {
+	t    testing.TB
+	opts Options
+
+	Redis    *testutil.RedisServer
+	Idemgate *Idemgate
+	Upstream *Upstream
+	Payments *payments.Server
+	// PGProxy is set with Options.PostgresThroughProxy.
+	PGProxy *TCPProxy
+	// DSN reaches the test database directly (never through PGProxy).
+	DSN string
+	// Bootstrap is the edited envoy.yaml the front runs.
+	Bootstrap []byte
+
+	front  front
+	client *http.Client
+
+	poolOnce sync.Once
+	pool     *pgxpool.Pool
+	poolErr  error
+}
+
+// Start brings up a stack for t and tears it down at cleanup.
+func Start(t testing.TB, env Env, opts Options) *Stack {
+	t.Helper()
+	s := &Stack{t: t, opts: opts}
+	// Registered first so it runs last, when every process has stopped and
+	// its log is complete.
+	t.Cleanup(s.dumpLogsOnFailure)
+
+	s.Redis = testutil.StartRedis(t)
+	dsn := testutil.CreateDatabase(t)
+	s.DSN = dsn
+	idemgateDSN := dsn
+	if opts.PostgresThroughProxy {
+		u, err := proxiedDSN(dsn, func(target string) (string, error) {
+			p, err := StartTCPProxy(target)
+			if err != nil {
+				return "", err
+			}
+			s.PGProxy = p
+			t.Cleanup(p.Close)
+			return p.Addr(), nil
+		})
+		if err != nil {
+			t.Fatalf("failed to put a proxy in front of PostgreSQL: %v", err)
+		}
+		idemgateDSN = u
+	}
+
+	s.Payments = payments.New(payments.Options{IgnoreIdempotencyKeys: opts.DownstreamIgnoresKeys})
+	s.Upstream = &Upstream{Payments: s.Payments}
+	paymentsAddr := s.serveUpstream()
+
+	key, err := newSigningKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	g := &Idemgate{
+		bin:        env.IdemgateBin,
+		configPath: filepath.Join(dir, "idemgate.yaml"),
+		env:        childEnv(key, idemgateDSN),
+		GRPCAddr:   freeAddr(t),
+		AdminAddr:  freeAddr(t),
+		log:        &logBuffer{},
+	}
+	cfg, err := idemgateConfig{
+		grpcAddr: g.GRPCAddr, adminAddr: g.AdminAddr, redisAddr: s.Redis.Addr,
+		fingerprintTTL: opts.FingerprintTTL, inFlightTTL: opts.InFlightTTL,
+		ignoreKeys: opts.DownstreamIgnoresKeys, upstreamTimeout: opts.ConfirmRouteTimeout,
+	}.render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(g.configPath, cfg, 0o600); err != nil {
+		t.Fatalf("failed to write the idemgate config: %v", err)
+	}
+	s.Idemgate = g
+	t.Cleanup(func() {
+		g.Stop()
+		if strings.Contains(g.Log(), "WARNING: DATA RACE") {
+			t.Errorf("the race detector reported a data race in idemgate (log below)")
+		}
+	})
+	if err := g.Start(); err != nil {
+		t.Fatalf("idemgate did not start: %v\n%s", err, g.Log())
+	}
+
+	listen, admin := "", ""
+	if env.EnvoyBin != "" {
+		listen, admin = freeAddr(t), freeAddr(t)
+	}
+	s.Bootstrap, err = renderBootstrap(bootstrapEdits{
+		listenAddr: listen, adminAddr: admin,
+		clusters:            map[string]string{"idemgate": g.GRPCAddr, "payments": paymentsAddr},
+		confirmRouteTimeout: opts.ConfirmRouteTimeout,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.EnvoyBin != "" {
+		s.front, err = startEnvoy(t, env.EnvoyBin, s.Bootstrap, listen, admin)
+	} else {
+		s.front, err = startHarness(s.Bootstrap)
+	}
+	if err != nil {
+		t.Fatalf("the front did not start: %v", err)
+	}
+	t.Cleanup(s.front.Close)
+
+	s.client = &http.Client{
+		Timeout: 60 * time.Second,
+		Transport: &http.Transport{
+			MaxIdleConns: 512, MaxIdleConnsPerHost: 512, IdleConnTimeout: 30 * time.Second,
+			DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+		},
+	}
+	t.Cleanup(s.client.CloseIdleConnections)
+	return s
+}
+
+// serveUpstream serves the Upstream recorder on a loopback port.
+func (s *Stack) serveUpstream() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		s.t.Fatalf("failed to listen for payments: %v", err)
+	}
+	srv := &http.Server{Handler: s.Upstream, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	s.t.Cleanup(func() {
+		s.Upstream.releaseHolds()
+		_ = srv.Close()
+	})
+	return ln.Addr().String()
+}
+
+// freeAddr is a loopback host:port that was free a moment ago; idemgate
+// keeps it across restarts.
+func freeAddr(t testing.TB) string {
+	return fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+}
+
+// proxiedDSN rewrites dsn's host:port to the address start returns for the
+// original host:port.
+func proxiedDSN(dsn string, start func(target string) (string, error)) (string, error) {
+	const prefix = "postgres://"
+	rest, ok := strings.CutPrefix(dsn, prefix)
+	if !ok {
+		return "", fmt.Errorf("unexpected DSN form %q", dsn)
+	}
+	userinfo, hostAndPath, ok := strings.Cut(rest, "@")
+	if !ok {
+		return "", fmt.Errorf("unexpected DSN form %q", dsn)
+	}
+	hostport, path, _ := strings.Cut(hostAndPath, "/")
+	addr, err := start(hostport)
+	if err != nil {
+		return "", err
+	}
+	return prefix + userinfo + "@" + addr + "/" + path, nil
+}
+
+// Mode says which front runs: "envoysim harness" or "real Envoy".
+func (s *Stack) Mode() string { return s.front.Mode() }
+
+// URL is the front's base URL.
+func (s *Stack) URL() string { return "http://" + s.front.Addr() }
+
+// Agent returns an agent client for user.
+func (s *Stack) Agent(user string) *Agent {
+	s.t.Helper()
+	a, err := newAgent(user, s.URL(), s.client)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return a
+}
+
+// AnonymousAgent is a client without a JWT.
+func (s *Stack) AnonymousAgent() *Agent {
+	return &Agent{User: "", base: s.URL(), client: s.client}
+}
+
+// RequestID is the x-request-id the front gave the request that got resp
+// (a local reply: every idemgate envelope is one).
+func (s *Stack) RequestID(resp *Response) (string, error) { return s.front.RequestID(resp) }
+
+// FrontLog is what the front logged (access lines, local replies).
+func (s *Stack) FrontLog() string { return s.front.Log() }
+
+// RedisClient returns a client of the test-owned Redis, closed at cleanup.
+func (s *Stack) RedisClient() *goredis.Client {
+	c := goredis.NewClient(&goredis.Options{Addr: s.Redis.Addr})
+	s.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Row is one idempotency_record row as PostgreSQL holds it.
+type Row struct {
+	Key          string
+	State        string
+	Owner        string
+	Fence        int64
+	LeaseUntil   time.Time
+	ResultStatus *int
+	ResultBody   []byte
+}
+
+func (s *Stack) db() (*pgxpool.Pool, error) {
+	s.poolOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s.pool, s.poolErr = pgxpool.New(ctx, s.DSN)
+		if s.poolErr == nil {
+			// Cleanups run last-in first-out: this one before the
+			// database is dropped.
+			s.t.Cleanup(s.pool.Close)
+		}
+	})
+	return s.pool, s.poolErr
+}
+
+// ErrNoRow is returned by Row for a nonce PostgreSQL has no record of.
+var ErrNoRow = errors.New("no idempotency_record row")
+
+// Row reads the record of nonce.
+func (s *Stack) Row(nonce string) (Row, error) {
+	pool, err := s.db()
+	if err != nil {
+		return Row{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var r Row
+	err = pool.QueryRow(ctx, `SELECT idem_key, state, owner, fence, lease_until, result_status, result_body
+		FROM idempotency_record WHERE idem_key = $1::char(32)`, nonce).
+		Scan(&r.Key, &r.State, &r.Owner, &r.Fence, &r.LeaseUntil, &r.ResultStatus, &r.ResultBody)
+	if err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return Row{}, fmt.Errorf("%w for %s", ErrNoRow, nonce)
+		}
+		return Row{}, fmt.Errorf("failed to read the record of %s: %w", nonce, err)
+	}
+	return r, nil
+}
+
+// RowCounts counts idempotency_record rows by state.
+func (s *Stack) RowCounts() (map[string]int, error) {
+	pool, err := s.db()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rows, err := pool.Query(ctx, `SELECT state, count(*) FROM idempotency_record GROUP BY state`)
+	if err != nil {
+		return nil, fmt.Errorf("failed to count records: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var st string
+		var n int
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, err
+		}
+		out[st] = n
+	}
+	return out, rows.Err()
+}
+
+// RowsOf counts rows for nonce (0 or 1: idem_key is the primary key).
+func (s *Stack) RowsOf(nonce string) (int, error) {
+	pool, err := s.db()
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var n int
+	err = pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_record WHERE idem_key = $1::char(32)`, nonce).Scan(&n)
+	return n, err
+}
+
+// dumpLogsOnFailure prints the logs of idemgate and the front when the test
+// failed, and nothing otherwise.
+func (s *Stack) dumpLogsOnFailure() {
+	if !s.t.Failed() {
+		return
+	}
+	if s.Idemgate != nil {
+		s.t.Logf("---- idemgate log ----\n%s", s.Idemgate.Log())
+	}
+	if s.front != nil {
+		s.t.Logf("---- %s log ----\n%s", s.front.Mode(), s.front.Log())
+	}
+	if s.Payments != nil {
+		st := s.Payments.Stats()
+		s.t.Logf("---- payments ---- executions=%d confirms=%d replays=%d by key=%v", st.Executions, st.Confirms, st.Replays, st.ExecutionsByKey)
+	}
+}
