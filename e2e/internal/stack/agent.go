@@ -151,6 +151,11 @@ func (a *Agent) Confirm(body map[string]any) (*Response, error) {
 	return a.Post(confirmPath, body, nil)
 }
 
+// ConfirmWith calls the confirm tool with extra request headers.
+func (a *Agent) ConfirmWith(body map[string]any, extra http.Header) (*Response, error) {
+	return a.Post(confirmPath, body, extra)
+}
+
 // Status calls the status tool for a fingerprint.
 func (a *Agent) Status(fingerprint string) (*Response, error) {
 	return a.Post(statusPath, map[string]any{"fingerprint": fingerprint}, nil)

@@ -10,7 +10,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3" // typed_config resolution
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
@@ -24,8 +24,11 @@ import (
 	"github.com/idemgate/idemgate/envoy"
 )
 
-// confirmRouteName is the route of envoy.yaml that carries confirms.
-const confirmRouteName = "transfer_confirm"
+// Names in the shipped envoy.yaml.
+const (
+	confirmRouteName  = "transfer_confirm"
+	extProcFilterName = "envoy.filters.http.ext_proc"
+)
 
 // bootstrapEdits are the changes the stack makes to the shipped envoy.yaml.
 // They are made on the decoded v3 Bootstrap, so the same bytes feed the
@@ -37,6 +40,8 @@ type bootstrapEdits struct {
 	clusters map[string]string
 	// confirmRouteTimeout replaces the confirm route's timeout when > 0.
 	confirmRouteTimeout time.Duration
+	// messageTimeout replaces ext_proc's message_timeout when > 0.
+	messageTimeout time.Duration
 }
 
 // renderBootstrap returns the shipped envoy.yaml with edits applied, as YAML.
@@ -92,12 +97,18 @@ func renderBootstrap(e bootstrapEdits) ([]byte, error) {
 		}
 	}
 
-	if e.confirmRouteTimeout > 0 {
-		if err := editHCM(listeners[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig(), func(h *hcmv3.HttpConnectionManager) error {
-			return setRouteTimeout(h, confirmRouteName, e.confirmRouteTimeout)
-		}); err != nil {
-			return nil, err
+	if err := editHCM(listeners[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig(), func(h *hcmv3.HttpConnectionManager) error {
+		if e.confirmRouteTimeout > 0 {
+			if err := setRouteTimeout(h, confirmRouteName, e.confirmRouteTimeout); err != nil {
+				return err
+			}
 		}
+		if e.messageTimeout > 0 {
+			return setMessageTimeout(h, e.messageTimeout)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
 	}
 
 	if err := bs.ValidateAll(); err != nil {
@@ -143,6 +154,26 @@ func setRouteTimeout(h *hcmv3.HttpConnectionManager, name string, d time.Duratio
 		}
 	}
 	return fmt.Errorf("envoy.yaml has no route %q", name)
+}
+
+func setMessageTimeout(h *hcmv3.HttpConnectionManager, d time.Duration) error {
+	for _, f := range h.GetHttpFilters() {
+		if f.GetName() != extProcFilterName {
+			continue
+		}
+		var ep extprocv3.ExternalProcessor
+		if err := f.GetTypedConfig().UnmarshalTo(&ep); err != nil {
+			return fmt.Errorf("failed to decode the ext_proc filter: %w", err)
+		}
+		ep.MessageTimeout = durationpb.New(d)
+		packed, err := anypb.New(&ep)
+		if err != nil {
+			return fmt.Errorf("failed to encode the ext_proc filter: %w", err)
+		}
+		f.ConfigType = &hcmv3.HttpFilter_TypedConfig{TypedConfig: packed}
+		return nil
+	}
+	return fmt.Errorf("envoy.yaml has no %s filter", extProcFilterName)
 }
 
 func socketAddress(hostport string) (*corev3.SocketAddress, error) {

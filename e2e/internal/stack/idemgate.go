@@ -58,6 +58,9 @@ func (c idemgateConfig) render() ([]byte, error) {
 		return nil, err
 	}
 	redis["addrs"] = []any{c.redisAddr}
+	// Generous deadlines (see storeTimeout).
+	store["timeout"] = storeTimeout.String()
+	redis["timeout"] = redisTimeout.String()
 	postgres, err := child(store, "postgres")
 	if err != nil {
 		return nil, err
@@ -104,6 +107,20 @@ func child(m map[string]any, key string) (map[string]any, error) {
 	}
 	return v, nil
 }
+
+// Deadlines widened for the machines the suite runs on. The shipped values
+// (store.timeout 250ms, store.redis.timeout 50ms, ext_proc message_timeout
+// 1s) are sized for a production host; on two shared cores with the race
+// detector in idemgate, the front and the test, 120 simultaneous confirms
+// queue for PostgreSQL connections for longer than 250 ms, and idemgate then
+// answers temporarily_unavailable (correct, but not what these tests are
+// about). The ratio message_timeout >= 4 x store.timeout that envoy.yaml
+// keeps is kept here too.
+const (
+	storeTimeout   = 2 * time.Second
+	redisTimeout   = 500 * time.Millisecond
+	MessageTimeout = 4 * storeTimeout
+)
 
 // Environment variables the shipped idemgate.yaml reads its secrets from.
 const (

@@ -153,6 +153,7 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		listenAddr: listen, adminAddr: admin,
 		clusters:            map[string]string{"idemgate": g.GRPCAddr, "payments": paymentsAddr},
 		confirmRouteTimeout: opts.ConfirmRouteTimeout,
+		messageTimeout:      MessageTimeout,
 	})
 	if err != nil {
 		t.Fatal(err)
