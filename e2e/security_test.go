@@ -36,7 +36,9 @@ func TestTamperedParamsAreRefusedAndReported(t *testing.T) {
 	}{
 		{"amount", func(b map[string]any) { b["amount"] = "1000.00" }, []string{"amount"}},
 		{"amount smaller", func(b map[string]any) { b["amount"] = "1.00" }, []string{"amount"}},
-		{"payee", func(b map[string]any) { b["payee"] = map[string]any{"account_id": "acct_mallory", "name": "Bob Example"} }, []string{"payee.account_id"}},
+		{"payee", func(b map[string]any) {
+			b["payee"] = map[string]any{"account_id": "acct_mallory", "name": "Bob Example"}
+		}, []string{"payee.account_id"}},
 		{"amount and currency", func(b map[string]any) { b["amount"] = "100.01"; b["currency"] = "USD" }, []string{"amount", "currency"}},
 	}
 	alerts := 0
