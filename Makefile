@@ -21,8 +21,9 @@ build: ## Build bin/idemgate (static, CGO off).
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/idemgate ./cmd/idemgate
 
 .PHONY: demo
-demo: ## Run the one-process demo (memory store, payments upstream, Envoy-faithful front on :8080).
-	$(GO) run ./cmd/idemgate demo
+demo: build ## Run the one-process demo (memory store, payments upstream, Envoy-faithful front on 127.0.0.1:8080).
+	@# Built first rather than `go run`, which exits 1 after Ctrl-C even when the demo stopped cleanly.
+	$(BIN_DIR)/idemgate demo
 
 .PHONY: services
 services: ## Make sure Redis and PostgreSQL answer on the test addresses (starts throwaway ones if not).

@@ -24,9 +24,10 @@ import (
 )
 
 const (
-	// demoFrontListen is where the demo's Envoy front listens by default,
-	// the port of envoy/envoy.yaml's listener.
-	demoFrontListen = ":8080"
+	// demoFrontListen is where the demo's Envoy front listens by default:
+	// the port of envoy/envoy.yaml's listener, on loopback only, because the
+	// demo's JWT signing key is public (anyone could mint a token for it).
+	demoFrontListen = "127.0.0.1:8080"
 	// demoKeyEnv is the variable envoy/idemgate.yaml reads the signing key
 	// from; the demo generates a key when it is not set.
 	demoKeyEnv = "IDEMGATE_KEY_K1"

@@ -36,7 +36,7 @@ Usage:
   idemgate ops show NONCE (--config FILE | --dsn DSN)
   idemgate ops resolve NONCE (--done|--failed) --status N --body @FILE|TEXT [--content-type TYPE] (--config FILE | --dsn DSN)
       Reconciliation (对账): find records a person must settle, read them, settle them.
-  idemgate demo [--listen :8080]
+  idemgate demo [--listen 127.0.0.1:8080]
       One process, no services: idemgate (memory store), the demo payments API and an
       Envoy-faithful front built from envoy/envoy.yaml on --listen. Prints curl commands.
   idemgate demo --upstream-only [--listen 127.0.0.1:8081]
