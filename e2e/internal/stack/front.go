@@ -51,7 +51,7 @@ func startHarness(bootstrap []byte) (*harnessFront, error) {
 	}
 	f := &harnessFront{log: &logBuffer{}}
 	p, err := envoysim.New(cfg,
-		envoysim.WithLogger(slog.New(slog.NewTextHandler(f.log, &slog.HandlerOptions{Level: slog.LevelDebug}))),
+		envoysim.WithLogger(slog.New(slog.NewTextHandler(f.log, &slog.HandlerOptions{Level: slog.LevelInfo}))),
 		envoysim.WithHooks(envoysim.Hooks{
 			OnLocalReply: func(lr envoysim.LocalReply) {
 				f.mu.Lock()
