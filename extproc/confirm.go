@@ -122,6 +122,18 @@ func (ex *exchange) securityEvent(reason string, claims fingerprint.Claims, chan
 // acquire claims the record for the fingerprint's nonce.
 func (ex *exchange) acquire(claims fingerprint.Claims, headersOnly bool) (*extprocv3.ProcessingResponse, bool) {
 	owner := ex.srv.newOwner()
+	ans, err := ex.storeAcquire(claims, owner)
+	if err != nil {
+		return ex.storeFailed("acquire", err), true
+	}
+	return ex.answer(ans, claims, owner, headersOnly, 0)
+}
+
+// storeAcquire runs one Acquire for owner. When it fails, the claim may
+// still have been written (a timeout after the backend committed): it is
+// given back in the background so the retry the agent is told to make is
+// not answered in_progress for the whole lease.
+func (ex *exchange) storeAcquire(claims fingerprint.Claims, owner string) (state.Answer, error) {
 	ttl := ex.srv.cfg.TTL
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
 	ans, err := ex.srv.store.Acquire(ctx, state.AcquireRequest{
@@ -129,10 +141,10 @@ func (ex *exchange) acquire(claims fingerprint.Claims, headersOnly bool) (*extpr
 		Owner: owner, Lease: ttl.InFlight, Retention: ttl.Terminal,
 	})
 	cancel()
-	if err != nil {
-		return ex.storeFailed("acquire", err), true
+	if mayHaveWritten(err) {
+		ex.srv.abandons.pursue(ex.ctx, state.Claim{Key: claims.Nonce, Owner: owner, Fence: 1}, ex.op.Name)
 	}
-	return ex.answer(ans, claims, owner, headersOnly, 0)
+	return ans, err
 }
 
 // answer turns a store answer into the reply. attempt bounds the follow-up
@@ -160,6 +172,15 @@ func (ex *exchange) answer(ans state.Answer, claims fingerprint.Claims, owner st
 		return ex.replay(ans.Record, nonce), true
 
 	case state.OutcomeInFlight:
+		if ex.waitForAbandon(ans.Record) {
+			// The holder was this replica's own failed attempt at this
+			// very confirm, given back in the meantime: ask again.
+			again, err := ex.storeAcquire(claims, owner)
+			if err != nil {
+				return ex.storeFailed("acquire", err), true
+			}
+			return ex.answer(again, claims, owner, headersOnly, attempt)
+		}
 		if !ans.Record.LeaseExpired || attempt > 0 {
 			return ex.envelope(envelope.InProgress, 0, envelope.Extra{}), true
 		}
@@ -178,13 +199,7 @@ func (ex *exchange) answer(ans state.Answer, claims fingerprint.Claims, owner st
 		if attempt <= 1 {
 			// The record vanished between two calls (it expired, or a
 			// takeover found nothing): start over, once.
-			ttl := ex.srv.cfg.TTL
-			ctx, cancel := ex.srv.storeContext(ex.ctx)
-			again, err := ex.srv.store.Acquire(ctx, state.AcquireRequest{
-				Key: nonce, Scope: ex.op.Scope, SubjectTag: claims.SubjectTag, ParamHash: claims.ParamHash,
-				Owner: owner, Lease: ttl.InFlight, Retention: ttl.Terminal,
-			})
-			cancel()
+			again, err := ex.storeAcquire(claims, owner)
 			if err != nil {
 				return ex.storeFailed("acquire", err), true
 			}
@@ -193,6 +208,21 @@ func (ex *exchange) answer(ans state.Answer, claims fingerprint.Claims, owner st
 	}
 	ex.logger().Error("unexpected store answer", "outcome", string(ans.Outcome))
 	return ex.envelope(envelope.InternalError, 0, envelope.Extra{}), true
+}
+
+// waitForAbandon reports whether rec is held by one of this replica's own
+// failed attempts at the same confirm whose claim is being given back in
+// the background (an agent retrying at once after temporarily_unavailable),
+// after waiting (bounded by store.timeout) for that to finish. It waits at
+// most once per stream.
+func (ex *exchange) waitForAbandon(rec state.Record) bool {
+	if ex.waitedAbandon || !ex.srv.ownOwner(rec.Owner) {
+		return false
+	}
+	ex.waitedAbandon = true
+	ctx, cancel := ex.srv.storeContext(ex.ctx)
+	defer cancel()
+	return ex.srv.abandons.wait(ctx, rec.Key, rec.Owner)
 }
 
 // leaseExpired handles an IN_FLIGHT record whose owner's lease ran out (its
@@ -205,6 +235,11 @@ func (ex *exchange) leaseExpired(rec state.Record, claims fingerprint.Claims, ow
 	if ex.op.HonoursKeys() {
 		ans, err := ex.srv.store.Takeover(ctx, state.TakeoverRequest{Key: rec.Key, NewOwner: owner, Fence: rec.Fence, Lease: ex.srv.cfg.TTL.InFlight})
 		if err != nil {
+			if mayHaveWritten(err) {
+				// The takeover may have landed: its lease is ended again
+				// (an earlier attempt may have executed, so the record stays).
+				ex.srv.abandons.pursue(ex.ctx, state.Claim{Key: rec.Key, Owner: owner, Fence: rec.Fence + 1}, ex.op.Name)
+			}
 			return ex.storeFailed("takeover", err), true
 		}
 		if ans.Outcome == state.OutcomeAcquired {
@@ -412,26 +447,33 @@ func (ex *exchange) settleAmbiguous(why string) {
 	ex.logSettlement(action, why, ans, err)
 }
 
-// releaseUnsent gives the record back when the reply that would have let the
+// abandonUnsent gives the claim back when the reply that would have let the
 // request through never reached Envoy: the upstream was not contacted, so a
-// retry may run it, whatever the downstream does with keys.
-func (ex *exchange) releaseUnsent() {
+// fresh claim is deleted and the retry acquires afresh, whatever the
+// downstream does with keys (Release would make a downstream that ignores
+// keys end up needs_reconciliation for a call that never happened). A claim
+// made by a takeover keeps its record and only ends its lease: the earlier
+// attempt may have executed.
+func (ex *exchange) abandonUnsent() {
 	ex.settled = true
 	ex.pendingAcquired = false
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
 	defer cancel()
-	ans, err := ex.srv.store.Release(ctx, ex.claim)
-	ex.logSettlement("released", "the reply letting the request through was not sent", ans, err)
+	ans, err := ex.srv.store.Abandon(ctx, ex.claim)
+	if mayHaveWritten(err) {
+		ex.srv.abandons.pursue(ex.ctx, ex.claim, ex.op.Name)
+	}
+	ex.logSettlement("abandoned", "the reply letting the request through was not sent", ans, err)
 }
 
 func (ex *exchange) logSettlement(action, why string, ans state.Answer, err error) {
 	switch {
 	case err != nil:
 		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, "error").Inc()
-		ex.logger().Error("failed to settle an ambiguous outcome; the record stays IN_FLIGHT until its lease ends", "action", action, "why", why, "error", err)
+		ex.logger().Error("failed to settle the record; it stays IN_FLIGHT until its lease ends", "action", action, "why", why, "error", err)
 	case ans.Outcome == state.OutcomeOK:
 		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, action).Inc()
-		ex.logger().Info("settled an ambiguous outcome", "action", action, "why", why)
+		ex.logger().Info("settled the record", "action", action, "why", why)
 	case ans.Outcome == state.OutcomeNotOwner:
 		ex.srv.metrics.notOwner.WithLabelValues(ex.op.Name).Inc()
 		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, "not_owner").Inc()
@@ -452,7 +494,7 @@ func (ex *exchange) replySent() {
 // replyFailed is called when a reply could not be sent.
 func (ex *exchange) replyFailed() {
 	if ex.pendingAcquired && !ex.settled {
-		ex.releaseUnsent()
+		ex.abandonUnsent()
 	}
 }
 
@@ -464,7 +506,7 @@ func (ex *exchange) finish() {
 	switch {
 	case ex.settled:
 	case ex.pendingAcquired:
-		ex.releaseUnsent()
+		ex.abandonUnsent()
 	case ex.acquired && ex.respClass != classNone && ex.respClass != classAmbiguous && !ex.op.HonoursKeys():
 		// The status said DONE/FAILED but the body never arrived. A
 		// downstream that ignores keys cannot be asked again; record what

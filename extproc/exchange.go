@@ -53,6 +53,9 @@ type exchange struct {
 	// acquired: that reply went out; the upstream may have been called.
 	acquired bool
 	settled  bool
+	// waitedAbandon: this stream already waited once for a background
+	// abandon of the claim it found (see waitForAbandon).
+	waitedAbandon bool
 	// The upstream response, once its headers arrived.
 	respStatus  int
 	respHeaders []state.Header

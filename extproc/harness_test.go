@@ -176,6 +176,13 @@ func (c *countingStore) Release(ctx context.Context, claim state.Claim) (state.A
 	return c.Store.Release(ctx, claim)
 }
 
+func (c *countingStore) Abandon(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	if err := c.count(state.OpAbandon); err != nil {
+		return state.Answer{}, err
+	}
+	return c.Store.Abandon(ctx, claim)
+}
+
 func (c *countingStore) MarkUnknown(ctx context.Context, claim state.Claim) (state.Answer, error) {
 	if err := c.count(state.OpMarkUnknown); err != nil {
 		return state.Answer{}, err

@@ -22,9 +22,12 @@ type Metrics struct {
 	panics         prometheus.Counter
 	notOwner       *prometheus.CounterVec
 	settlements    *prometheus.CounterVec
-	passthrough    prometheus.Counter
-	webhook        *prometheus.CounterVec
-	ready          prometheus.Gauge
+	// backgroundAbandons counts claims a failed store call may have written
+	// and that were pursued in the background (see abandon.go).
+	backgroundAbandons *prometheus.CounterVec
+	passthrough        prometheus.Counter
+	webhook            *prometheus.CounterVec
+	ready              prometheus.Gauge
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -61,7 +64,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"operation"}),
 		settlements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemgate_settlements_total",
-			Help: "How confirm records were settled after the upstream call: done, failed, released, marked_unknown, not_owner, error.",
+			Help: "How confirm records were settled: done, failed, released or marked_unknown after the upstream call, abandoned when the reply letting the request through was not sent, not_owner, error.",
+		}, []string{"operation", "result"}),
+		backgroundAbandons: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_background_abandons_total",
+			Help: "Claims an Acquire or Takeover may have written although it failed, given back in the background so the retry is not told to wait: abandoned, not_written, gave_up (the store kept failing), dropped (too many at once).",
 		}, []string{"operation", "result"}),
 		passthrough: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemgate_passthrough_streams_total",
@@ -77,7 +84,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.decisions, m.storeLatency, m.fallbacks, m.securityEvents, m.openStreams,
-		m.panics, m.notOwner, m.settlements, m.passthrough, m.webhook, m.ready)
+		m.panics, m.notOwner, m.settlements, m.backgroundAbandons, m.passthrough, m.webhook, m.ready)
 	return m
 }
 

@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -62,39 +61,6 @@ func TestPhaseMachineFakeStream(t *testing.T) {
 	e := newEnv(t, nil, nil)
 	runSuite(t, e, fakeDialer{srv: e.srv})
 	require.Eventually(t, func() bool { return metricValue(t, e.metrics.openStreams) == 0 }, 5*time.Second, 10*time.Millisecond)
-}
-
-// If the reply that lets the request through cannot be sent, the upstream
-// was never contacted: the record is released, even for a downstream that
-// ignores keys (MarkUnknown would be wrong there).
-func TestAcquiredReplyNotSentIsReleased(t *testing.T) {
-	for _, tc := range []struct{ name, preview, confirm, body string }{
-		{"honours keys", "/v1/transfers/preview", "/v1/transfers/confirm", `{"amount":1,"currency":"EUR","payee":{"account_id":"x"}`},
-		{"ignores keys", "/v1/accounts/a/payouts/preview", "/v1/accounts/a/payouts/confirm", `{"amount":1`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, nil, nil)
-			d := fakeDialer{srv: e.srv}
-			res := do(t, d, post(tc.preview, "alice", []byte(tc.body+"}")), previewOK)
-			fp := res.json(t)["fingerprint"].(string)
-			c := d.openFake(t)
-			resp := exchangeOne(t, c, reqHeaders(confirmHeaders(tc.confirm, "alice"), false))
-			require.NotNil(t, resp.GetRequestHeaders())
-			broken := errors.New("transport is closing")
-			c.s.sendErr.Store(&broken)
-			require.NoError(t, c.Send(reqBody([]byte(tc.body+fmt.Sprintf(`,"fingerprint":%q}`, fp)))))
-			require.ErrorIs(t, c.wait(t), broken)
-			require.Equal(t, 1, e.store.Calls(state.OpRelease))
-			require.Equal(t, 0, e.store.Calls(state.OpMarkUnknown))
-			scope := "payments.transfer"
-			if tc.name == "ignores keys" {
-				scope = "payments.payout"
-			}
-			rec, found := e.record(t, e.claimsOf(t, fp, "alice", scope).Nonce)
-			require.True(t, found)
-			require.True(t, rec.LeaseExpired)
-		})
-	}
 }
 
 func TestBodyOverLimitWithoutContentLength(t *testing.T) {

@@ -67,6 +67,7 @@ type Server struct {
 	now      func() time.Time
 	instance string
 	owners   atomic.Uint64
+	abandons *abandoner
 
 	storeTimeout time.Duration
 }
@@ -101,6 +102,7 @@ func NewServer(opts Options) (*Server, error) {
 		opts.InstanceID = hex.EncodeToString(b[:])
 	}
 	return &Server{
+		abandons:     newAbandoner(opts.Store, opts.Config.Store.Timeout, opts.Logger, opts.Metrics),
 		cfg:          opts.Config,
 		store:        opts.Store,
 		log:          opts.Logger,
@@ -115,6 +117,11 @@ func NewServer(opts Options) (*Server, error) {
 // newOwner returns a record owner id unique to this attempt.
 func (s *Server) newOwner() string {
 	return s.instance + "-" + strconv.FormatUint(s.owners.Add(1), 36)
+}
+
+// ownOwner reports whether owner is a record owner id this process made.
+func (s *Server) ownOwner(owner string) bool {
+	return len(owner) > len(s.instance) && owner[len(s.instance)] == '-' && owner[:len(s.instance)] == s.instance
 }
 
 // storeContext is the context of one store call: detached from the stream's
@@ -167,10 +174,10 @@ func (ex *exchange) handleSafely(req *extprocv3.ProcessingRequest) (resp *extpro
 			ex.srv.metrics.panics.Inc()
 			ex.logger().Error("recovered panic while processing a stream", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 			// The ImmediateResponse replaces whatever we were going to send:
-			// a claim whose reply never went out is released (the upstream
+			// a claim whose reply never went out is abandoned (the upstream
 			// was never contacted); any other held claim is settled by finish.
 			if ex.pendingAcquired && !ex.settled {
-				ex.releaseUnsent()
+				ex.abandonUnsent()
 			}
 			resp, end = ex.envelope(envelope.InternalError, 0, envelope.Extra{}), true
 		}

@@ -25,6 +25,7 @@ const (
 	OpAcquire     = "acquire"
 	OpComplete    = "complete"
 	OpRelease     = "release"
+	OpAbandon     = "abandon"
 	OpMarkUnknown = "mark_unknown"
 	OpTakeover    = "takeover"
 	OpGet         = "get"
@@ -70,6 +71,13 @@ func (i *instrumented) Release(ctx context.Context, claim Claim) (Answer, error)
 	start := time.Now()
 	a, err := i.s.Release(ctx, claim)
 	i.observe(OpRelease, start, err)
+	return a, err
+}
+
+func (i *instrumented) Abandon(ctx context.Context, claim Claim) (Answer, error) {
+	start := time.Now()
+	a, err := i.s.Abandon(ctx, claim)
+	i.observe(OpAbandon, start, err)
 	return a, err
 }
 

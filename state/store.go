@@ -6,6 +6,8 @@
 //
 //	(absent) --Acquire--> IN_FLIGHT --Complete--> DONE | FAILED   (+result)
 //	                          |--Release------------> IN_FLIGHT, lease expired (next retry takes over)
+//	                          |--Abandon, fence 1---> (absent)   (the request never reached the upstream)
+//	                          |--Abandon, fence > 1-> IN_FLIGHT, lease expired (like Release)
 //	                          |--Takeover (lease expired, downstream idempotent)--> IN_FLIGHT, new owner, fence+1
 //	                          '--MarkUnknown (downstream not idempotent)----------> UNKNOWN
 //	UNKNOWN | IN_FLIGHT --Resolve (a person)--> DONE | FAILED
@@ -23,8 +25,8 @@
 //     LeaseUntil; Release sets LeaseUntil to that clock's now.
 //   - A record never expires while its lease runs: ExpiresAt is at least
 //     LeaseUntil (retention shorter than the lease is stretched).
-//   - Complete and Release on an absent record answer NOT_OWNER with a zero
-//     Record; Takeover, MarkUnknown and Resolve answer NOT_FOUND.
+//   - Complete, Release and Abandon on an absent record answer NOT_OWNER
+//     with a zero Record; Takeover, MarkUnknown and Resolve answer NOT_FOUND.
 //   - Acquire by an owner id that already holds the record is IN_FLIGHT, not
 //     a second ACQUIRED: owner ids may repeat, only fences are unique.
 //   - Takeover carries no parameter hash; when it does not apply it answers
@@ -77,7 +79,8 @@ const (
 	// OutcomeNotOwner: the caller is no longer the owner (or the fence moved,
 	// or the record is not in a state the call applies to); nothing was written.
 	OutcomeNotOwner Outcome = "NOT_OWNER"
-	// OutcomeOK: a Complete, Release, MarkUnknown or Resolve was applied.
+	// OutcomeOK: a Complete, Release, Abandon, MarkUnknown or Resolve was
+	// applied.
 	OutcomeOK Outcome = "OK"
 	// OutcomeNotFound: Takeover, MarkUnknown or Resolve on an absent record.
 	OutcomeNotFound Outcome = "NOT_FOUND"
@@ -203,6 +206,18 @@ type Store interface {
 	// the next retry takes over and re-sends the same key. Owner and fence must
 	// match, else NOT_OWNER.
 	Release(ctx context.Context, claim Claim) (Answer, error)
+
+	// Abandon gives back a claim whose request never reached the upstream:
+	// the reply that would have let it through was not sent, or the Acquire
+	// or Takeover that made it failed (a timeout after the backend may
+	// already have written it). Owner and fence must match an IN_FLIGHT
+	// record, else NOT_OWNER and nothing changes. A fresh claim (fence 1:
+	// no earlier attempt exists) is deleted, so the next confirm acquires
+	// afresh, whatever the downstream does with idempotency keys; the
+	// answer's Record is then zero. A claim made by a takeover (fence > 1:
+	// an earlier attempt may have executed) keeps its record and only ends
+	// its lease, exactly like Release.
+	Abandon(ctx context.Context, claim Claim) (Answer, error)
 
 	// MarkUnknown moves an IN_FLIGHT record to UNKNOWN: by its owner (same
 	// owner and fence) after an ambiguous outcome with a downstream that does

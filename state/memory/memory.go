@@ -196,6 +196,32 @@ func (s *Store) Release(ctx context.Context, claim state.Claim) (state.Answer, e
 	return state.Answer{Outcome: state.OutcomeOK, Record: view(rec, now)}, nil
 }
 
+// Abandon implements state.Store.
+func (s *Store) Abandon(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	if err := claim.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	now, err := s.begin(ctx, "abandon")
+	if err != nil {
+		return state.Answer{}, err
+	}
+	defer s.mu.Unlock()
+	rec := s.lookup(claim.Key, now)
+	if rec == nil {
+		return state.Answer{Outcome: state.OutcomeNotOwner}, nil
+	}
+	if !owns(rec, claim) || rec.State != state.StateInFlight {
+		return state.Answer{Outcome: state.OutcomeNotOwner, Record: view(rec, now)}, nil
+	}
+	if rec.Fence == 1 {
+		delete(s.records, claim.Key)
+		return state.Answer{Outcome: state.OutcomeOK}, nil
+	}
+	rec.LeaseUntil = now
+	rec.UpdatedAt = now
+	return state.Answer{Outcome: state.OutcomeOK, Record: view(rec, now)}, nil
+}
+
 // MarkUnknown implements state.Store.
 func (s *Store) MarkUnknown(ctx context.Context, claim state.Claim) (state.Answer, error) {
 	if err := claim.Validate(); err != nil {

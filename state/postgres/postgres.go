@@ -165,6 +165,11 @@ SET lease_until = now(), updated_at = now()
 WHERE idem_key = $1::char(32) AND owner = $2 AND fence = $3 AND state = 'IN_FLIGHT'
 RETURNING ` + recordCols
 
+	// abandonSQL deletes a fresh claim (fence 1) whose request never
+	// reached the upstream; a later fence is ended with releaseSQL instead.
+	abandonSQL = `DELETE FROM idempotency_record
+WHERE idem_key = $1::char(32) AND owner = $2 AND fence = 1 AND state = 'IN_FLIGHT'`
+
 	markUnknownSQL = `UPDATE idempotency_record
 SET state = 'UNKNOWN', updated_at = now()
 WHERE idem_key = $1::char(32) AND fence = $3 AND state = 'IN_FLIGHT'
@@ -325,6 +330,30 @@ func (s *Store) Release(ctx context.Context, claim state.Claim) (state.Answer, e
 	}
 	return s.update(ctx, "release in postgres", releaseSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
 		claim.Key, claim.Owner, claim.Fence)
+}
+
+// Abandon implements state.Store: a fresh claim is deleted, a taken-over
+// one released.
+func (s *Store) Abandon(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	if err := claim.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	if claim.Fence != 1 {
+		return s.update(ctx, "abandon in postgres", releaseSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
+			claim.Key, claim.Owner, claim.Fence)
+	}
+	tag, err := s.pool.Exec(ctx, abandonSQL, claim.Key, claim.Owner)
+	if err != nil {
+		return state.Answer{}, state.Unavailable("abandon in postgres", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return state.Answer{Outcome: state.OutcomeOK}, nil
+	}
+	rec, _, err := s.get(ctx, claim.Key)
+	if err != nil {
+		return state.Answer{}, state.Unavailable("abandon in postgres", err)
+	}
+	return state.Answer{Outcome: state.OutcomeNotOwner, Record: rec}, nil
 }
 
 // MarkUnknown implements state.Store.

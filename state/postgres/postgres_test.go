@@ -81,6 +81,7 @@ func TestKeyLookupUsesPrimaryKey(t *testing.T) {
 		{"get", selectSQL, []any{key}},
 		{"complete", completeSQL, []any{key, "o", int64(1), "DONE", int32(200), "[]", []byte("x"), int64(1)}},
 		{"release", releaseSQL, []any{key, "o", int64(1)}},
+		{"abandon", abandonSQL, []any{key, "o"}},
 		{"mark unknown", markUnknownSQL, []any{key, "o", int64(1)}},
 		{"takeover", takeoverSQL, []any{key, "o", int64(1), int64(1)}},
 		{"resolve", resolveSQL, []any{key, "DONE", int32(200), "[]", []byte("x"), int64(1)}},

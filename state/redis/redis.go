@@ -100,6 +100,8 @@ var (
 	completeLua string
 	//go:embed lua/release.lua
 	releaseLua string
+	//go:embed lua/abandon.lua
+	abandonLua string
 	//go:embed lua/mark_unknown.lua
 	markUnknownLua string
 	//go:embed lua/takeover.lua
@@ -120,6 +122,7 @@ var (
 	acquireScript     = script(acquireLua)
 	completeScript    = script(completeLua)
 	releaseScript     = script(releaseLua)
+	abandonScript     = script(abandonLua)
 	markUnknownScript = script(markUnknownLua)
 	takeoverScript    = script(takeoverLua)
 	resolveScript     = script(resolveLua)
@@ -127,7 +130,7 @@ var (
 	repairScript      = script(repairLua)
 	forgetScript      = script(forgetLua)
 	allScripts        = []*goredis.Script{
-		acquireScript, completeScript, releaseScript, markUnknownScript, takeoverScript,
+		acquireScript, completeScript, releaseScript, abandonScript, markUnknownScript, takeoverScript,
 		resolveScript, getScript, repairScript, forgetScript,
 	}
 )
@@ -286,6 +289,18 @@ func (s *Store) Release(ctx context.Context, claim state.Claim) (state.Answer, e
 		return state.Answer{}, err
 	}
 	r, err := s.run(ctx, "release in redis", releaseScript, claim.Key, claim.Owner, fence(claim.Fence))
+	if err != nil {
+		return state.Answer{}, err
+	}
+	return answer(r, state.OutcomeOK, state.OutcomeNotOwner)
+}
+
+// Abandon implements state.Store.
+func (s *Store) Abandon(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	if err := claim.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	r, err := s.run(ctx, "abandon in redis", abandonScript, claim.Key, claim.Owner, fence(claim.Fence))
 	if err != nil {
 		return state.Answer{}, err
 	}

@@ -56,6 +56,10 @@ func RunWith(t *testing.T, newStore func(t *testing.T) state.Store, opts Options
 		{"LargeBinaryBodyReplays", s.largeBinaryBody},
 		{"CompleteNotOwner", s.completeNotOwner},
 		{"ReleaseTakeoverFencesOldOwner", s.releaseTakeover},
+		{"AbandonFreshClaimIsDeleted", s.abandonFresh},
+		{"AbandonTakenOverClaimEndsLease", s.abandonTakenOver},
+		{"AbandonNotOwner", s.abandonNotOwner},
+		{"AbandonRacesTakeover", s.abandonRacesTakeover},
 		{"LeaseExpiryTakeover", s.leaseExpiryTakeover},
 		{"MarkUnknown", s.markUnknown},
 		{"MarkUnknownAfterExpiry", s.markUnknownAfterExpiry},
@@ -368,6 +372,177 @@ func (s *suite) releaseTakeover(t *testing.T, st state.Store) {
 
 	relDone, err := st.Release(ctx, claimOf(tk))
 	RequireOutcome(t, state.OutcomeNotOwner, relDone, err)
+}
+
+func (s *suite) abandonFresh(t *testing.T, st state.Store) {
+	ctx := ctxT(t)
+	key := NewKey(t)
+	a := s.acquire(t, st, key, "owner-a")
+
+	ab, err := st.Abandon(ctx, claimOf(a))
+	RequireOutcome(t, state.OutcomeOK, ab, err)
+	require.Zero(t, ab.Record, "a deleted record is answered with a zero Record")
+	_, found, err := st.Get(ctx, key)
+	require.NoError(t, err)
+	require.False(t, found, "a fresh claim that never reached the upstream is deleted")
+
+	// The next confirm starts over: a new claim with fence 1, whatever the
+	// downstream does with keys.
+	again, err := st.Acquire(ctx, AcquireRequest(key, "owner-b"))
+	RequireOutcome(t, state.OutcomeAcquired, again, err)
+	require.Equal(t, "owner-b", again.Record.Owner)
+	require.Equal(t, int64(1), again.Record.Fence)
+	require.False(t, again.Record.LeaseExpired)
+
+	// The old owner's claim is gone: abandoning it again touches nothing,
+	// even though owner ids are not what protects the new claim (the
+	// record's owner differs) — and the new claim can still complete.
+	twice, err := st.Abandon(ctx, claimOf(a))
+	RequireOutcome(t, state.OutcomeNotOwner, twice, err)
+	require.Equal(t, "owner-b", twice.Record.Owner)
+	done, err := st.Complete(ctx, claimOf(again), Done())
+	RequireOutcome(t, state.OutcomeOK, done, err)
+}
+
+func (s *suite) abandonTakenOver(t *testing.T, st state.Store) {
+	ctx := ctxT(t)
+	key := NewKey(t)
+	a := s.acquire(t, st, key, "owner-a")
+	rel, err := st.Release(ctx, claimOf(a))
+	RequireOutcome(t, state.OutcomeOK, rel, err)
+	tk, err := st.Takeover(ctx, state.TakeoverRequest{Key: key, NewOwner: "owner-b", Fence: 1, Lease: 30 * time.Second})
+	RequireOutcome(t, state.OutcomeAcquired, tk, err)
+	require.Equal(t, int64(2), tk.Record.Fence)
+
+	// The first attempt may have executed: the record stays, only the
+	// taker's lease ends so the next retry takes over and re-sends the key.
+	ab, err := st.Abandon(ctx, claimOf(tk))
+	RequireOutcome(t, state.OutcomeOK, ab, err)
+	require.Equal(t, state.StateInFlight, ab.Record.State)
+	require.Equal(t, "owner-b", ab.Record.Owner)
+	require.Equal(t, int64(2), ab.Record.Fence)
+	require.True(t, ab.Record.LeaseExpired)
+
+	seen, err := st.Acquire(ctx, AcquireRequest(key, "owner-c"))
+	RequireOutcome(t, state.OutcomeInFlight, seen, err)
+	require.True(t, seen.Record.LeaseExpired)
+	next, err := st.Takeover(ctx, state.TakeoverRequest{Key: key, NewOwner: "owner-c", Fence: 2, Lease: 30 * time.Second})
+	RequireOutcome(t, state.OutcomeAcquired, next, err)
+	require.Equal(t, int64(3), next.Record.Fence)
+}
+
+func (s *suite) abandonNotOwner(t *testing.T, st state.Store) {
+	ctx := ctxT(t)
+	absent, err := st.Abandon(ctx, state.Claim{Key: NewKey(t), Owner: "o", Fence: 1})
+	RequireOutcome(t, state.OutcomeNotOwner, absent, err)
+	require.Zero(t, absent.Record)
+
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, a state.Answer)
+		want  state.State
+	}{
+		{"in flight", func(*testing.T, state.Answer) {}, state.StateInFlight},
+		{"done", func(t *testing.T, a state.Answer) {
+			c, err := st.Complete(ctx, claimOf(a), Done())
+			RequireOutcome(t, state.OutcomeOK, c, err)
+		}, state.StateDone},
+		{"unknown", func(t *testing.T, a state.Answer) {
+			c, err := st.MarkUnknown(ctx, claimOf(a))
+			RequireOutcome(t, state.OutcomeOK, c, err)
+		}, state.StateUnknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := NewKey(t)
+			a := s.acquire(t, st, key, "owner-a")
+			tc.setup(t, a)
+			claims := []state.Claim{
+				{Key: key, Owner: "owner-b", Fence: 1},
+				{Key: key, Owner: "owner-a", Fence: 2},
+			}
+			if tc.want != state.StateInFlight {
+				claims = append(claims, claimOf(a)) // the owner itself, after the fact
+			}
+			for _, c := range claims {
+				r, err := st.Abandon(ctx, c)
+				RequireOutcome(t, state.OutcomeNotOwner, r, err)
+				require.Equal(t, tc.want, r.Record.State)
+			}
+			rec, found, err := st.Get(ctx, key)
+			require.NoError(t, err)
+			require.True(t, found)
+			require.Equal(t, tc.want, rec.State)
+			require.Equal(t, "owner-a", rec.Owner)
+			if tc.want == state.StateInFlight {
+				require.False(t, rec.LeaseExpired, "a refused Abandon leaves the lease alone")
+			}
+		})
+	}
+}
+
+// abandonRacesTakeover: the owner of an expired fresh claim abandons it
+// while retries take it over. Either the abandon wins (the record is gone
+// and every takeover finds nothing) or one takeover wins (the abandon is
+// refused and the taker's record, fence 2, stays): never both.
+func (s *suite) abandonRacesTakeover(t *testing.T, st state.Store) {
+	ctx := ctxT(t)
+	key := NewKey(t)
+	req := AcquireRequest(key, "owner-a")
+	req.Lease = s.opts.ShortLease
+	a, err := st.Acquire(ctx, req)
+	RequireOutcome(t, state.OutcomeAcquired, a, err)
+	s.opts.Wait(s.opts.ShortLease + s.opts.ShortLease/2)
+
+	const n = 20
+	answers := make([]state.Answer, n)
+	errs := make([]error, n)
+	var (
+		abandon    state.Answer
+		abandonErr error
+		wg         sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			<-start
+			answers[i], errs[i] = st.Takeover(ctx, state.TakeoverRequest{
+				Key: key, NewOwner: fmt.Sprintf("taker-%02d", i), Fence: 1, Lease: 30 * time.Second,
+			})
+		}(i)
+		if i == n/2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				abandon, abandonErr = st.Abandon(ctx, claimOf(a))
+			}()
+		}
+	}
+	close(start)
+	wg.Wait()
+	require.NoError(t, abandonErr)
+	for i, err := range errs {
+		require.NoError(t, err, "goroutine %d", i)
+	}
+	counts := CountOutcomes(answers)
+	rec, found, err := st.Get(ctx, key)
+	require.NoError(t, err)
+	switch abandon.Outcome {
+	case state.OutcomeOK:
+		require.Equal(t, n, counts[state.OutcomeNotFound], "every takeover came after the abandon and found nothing: %v", counts)
+		require.False(t, found, "the abandoned claim is gone")
+	case state.OutcomeNotOwner:
+		require.Equal(t, 1, counts[state.OutcomeAcquired], "%v", counts)
+		require.True(t, found)
+		require.Equal(t, int64(2), rec.Fence)
+		require.Equal(t, state.StateInFlight, rec.State)
+		require.False(t, rec.LeaseExpired, "the taker's lease is not touched by the refused abandon")
+		require.Equal(t, int64(2), abandon.Record.Fence)
+	default:
+		t.Fatalf("abandon answered %s", abandon.Outcome)
+	}
 }
 
 func (s *suite) leaseExpiryTakeover(t *testing.T, st state.Store) {
@@ -716,6 +891,7 @@ func (s *suite) contextRespected(t *testing.T, st state.Store) {
 		{"acquire", func() error { _, err := st.Acquire(ctx, AcquireRequest(key, "owner-a")); return err }},
 		{"complete", func() error { _, err := st.Complete(ctx, claim, Done()); return err }},
 		{"release", func() error { _, err := st.Release(ctx, claim); return err }},
+		{"abandon", func() error { _, err := st.Abandon(ctx, claim); return err }},
 		{"mark unknown", func() error { _, err := st.MarkUnknown(ctx, claim); return err }},
 		{"takeover", func() error {
 			_, err := st.Takeover(ctx, state.TakeoverRequest{Key: key, NewOwner: "b", Fence: 1, Lease: time.Second})
@@ -785,6 +961,14 @@ func (s *suite) invalidArguments(t *testing.T, st state.Store) {
 			return err
 		}},
 		{"get bad key", func() error { _, _, err := st.Get(ctx, "nope"); return err }},
+		{"abandon no owner", func() error {
+			_, err := st.Abandon(ctx, state.Claim{Key: key, Fence: 1})
+			return err
+		}},
+		{"abandon bad key", func() error {
+			_, err := st.Abandon(ctx, state.Claim{Key: "abc", Owner: "o", Fence: 1})
+			return err
+		}},
 		{"takeover no owner", func() error {
 			_, err := st.Takeover(ctx, state.TakeoverRequest{Key: key, Fence: 1, Lease: time.Second})
 			return err

@@ -120,7 +120,8 @@ type Stats struct {
 	RedisSkipped uint64
 	// Repairs counts records copied from PostgreSQL to Redis.
 	Repairs uint64
-	// Forgets counts Redis claims released after a PostgreSQL failure.
+	// Forgets counts Redis claims dropped after a PostgreSQL failure or an
+	// Abandon.
 	Forgets uint64
 	Breaker string
 }
@@ -352,6 +353,27 @@ func (s *Store) Release(ctx context.Context, claim state.Claim) (state.Answer, e
 		return state.Answer{}, pgErr("release", err)
 	}
 	s.afterTruth(ctx, a, state.OutcomeOK)
+	return a, nil
+}
+
+// Abandon implements state.Store: PostgreSQL decides, Redis follows. When
+// PostgreSQL deleted the claim (or never had it), the Redis copy is dropped
+// with Forget, which deletes the key only while it still holds this claim:
+// a newer claim another confirm made in the meantime is left alone. A
+// taken-over claim keeps its record and Redis gets PostgreSQL's copy.
+func (s *Store) Abandon(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	a, err := s.pg.Abandon(ctx, claim)
+	if err != nil {
+		return state.Answer{}, pgErr("abandon", err)
+	}
+	switch {
+	case a.Record.Key == "":
+		// Deleted, or absent in PostgreSQL: a Redis claim of ours would
+		// only make the next confirm ask PostgreSQL again.
+		s.forget(ctx, claim)
+	case a.Outcome == state.OutcomeOK:
+		s.repair(ctx, a.Record)
+	}
 	return a, nil
 }
 

@@ -546,3 +546,49 @@ func TestNewNeedsBothBackends(t *testing.T) {
 	_, err := tiered.New(tiered.Options{})
 	require.ErrorIs(t, err, state.ErrInvalidArgument)
 }
+
+// Abandon keeps Redis in line with PostgreSQL: a deleted fresh claim leaves
+// no Redis copy behind (the next confirm is answered ACQUIRED at once), a
+// taken-over claim's ended lease is copied, and a Redis claim PostgreSQL
+// never had (an orphan of a failed Acquire) is dropped too.
+func TestAbandonFollowsPostgresIntoRedis(t *testing.T) {
+	e := newEnv(t)
+	rs := newRedis(t, e.redisSrv.Addr)
+	pg := newPostgres(t, e.dsn)
+	s := newTiered(t, tiered.Options{Redis: rs, Postgres: pg})
+	ctx := t.Context()
+
+	fresh := statetest.NewKey(t)
+	a, err := s.Acquire(ctx, statetest.AcquireRequest(fresh, "owner-a"))
+	statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
+	ab, err := s.Abandon(ctx, state.Claim{Key: fresh, Owner: "owner-a", Fence: 1})
+	statetest.RequireOutcome(t, state.OutcomeOK, ab, err)
+	_, found, err := rs.Get(ctx, fresh)
+	require.NoError(t, err)
+	require.False(t, found, "the Redis copy of the deleted claim is gone")
+	require.Zero(t, countRows(t, pg, fresh))
+
+	taken := statetest.NewKey(t)
+	a, err = s.Acquire(ctx, statetest.AcquireRequest(taken, "owner-a"))
+	statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
+	_, err = s.Release(ctx, state.Claim{Key: taken, Owner: "owner-a", Fence: 1})
+	require.NoError(t, err)
+	tk, err := s.Takeover(ctx, state.TakeoverRequest{Key: taken, NewOwner: "owner-b", Fence: 1, Lease: time.Minute})
+	statetest.RequireOutcome(t, state.OutcomeAcquired, tk, err)
+	ab, err = s.Abandon(ctx, state.Claim{Key: taken, Owner: "owner-b", Fence: 2})
+	statetest.RequireOutcome(t, state.OutcomeOK, ab, err)
+	rec, found, err := rs.Get(ctx, taken)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, int64(2), rec.Fence)
+	require.True(t, rec.LeaseExpired, "redis has the ended lease")
+
+	orphan := statetest.NewKey(t)
+	o, err := rs.Acquire(ctx, statetest.AcquireRequest(orphan, "ghost"))
+	statetest.RequireOutcome(t, state.OutcomeAcquired, o, err)
+	ab, err = s.Abandon(ctx, state.Claim{Key: orphan, Owner: "ghost", Fence: 1})
+	statetest.RequireOutcome(t, state.OutcomeNotOwner, ab, err)
+	_, found, err = rs.Get(ctx, orphan)
+	require.NoError(t, err)
+	require.False(t, found, "the orphan Redis claim is dropped")
+}
