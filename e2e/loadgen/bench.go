@@ -40,8 +40,6 @@ type bench struct {
 	confirm   *route
 	ioRate    map[int]float64 // io-floor req/s per concurrency, sizes confirm pools
 	pprofMsg  string          // set once: what profiling found
-	// sidePprof: bin is idemgatepprof, which serves pprof on its own port.
-	sidePprof bool
 
 	rep *report.Report
 }
@@ -180,9 +178,6 @@ func (b *bench) setup(ctx context.Context) error {
 // profiling reports whether profiles of idemgate were asked for.
 func (b *bench) profiling() bool { return b.opts.cpuProfileDir != "" || b.opts.memProfileDir != "" }
 
-// idemgateBinary builds idemgate once (or takes -idemgate). When profiles
-// are asked for it builds idemgatepprof instead: idemgate's admin server has
-// no /debug/pprof, and that command is mainlib.Main plus a pprof listener.
 func (b *bench) startStores(ctx context.Context) error {
 	r, err := startRedis(ctx, b.opts.redisServer, b.tmp)
 	if err != nil {
@@ -203,6 +198,7 @@ func (b *bench) startStores(ctx context.Context) error {
 // haveStores reports whether Redis and PostgreSQL are up for this run.
 func (b *bench) haveStores() bool { return b.storesErr == nil && b.redis != nil && b.db != nil }
 
+// idemgateBinary builds idemgate once (or takes -idemgate).
 func (b *bench) idemgateBinary(ctx context.Context) (string, error) {
 	if b.opts.idemgateBin != "" {
 		if _, err := os.Stat(b.opts.idemgateBin); err != nil {
@@ -214,18 +210,12 @@ func (b *bench) idemgateBinary(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	pkg := idemgatePackage
-	if b.profiling() {
-		pkg = idemgatePprofPackage
-		b.sidePprof = true
-	}
 	out := filepath.Join(b.tmp, "idemgate")
 	start := time.Now()
-	if err := buildIdemgate(ctx, root, out, pkg); err != nil {
-		b.sidePprof = false
+	if err := buildIdemgate(ctx, root, out, idemgatePackage); err != nil {
 		return "", err
 	}
-	b.log.Info("built idemgate", "package", pkg, "took", time.Since(start).Round(time.Millisecond))
+	b.log.Info("built idemgate", "package", idemgatePackage, "took", time.Since(start).Round(time.Millisecond))
 	return out, nil
 }
 
@@ -447,20 +437,15 @@ func (b *bench) startIdemgateFor(ctx context.Context, name, store string) (*idem
 	case "postgres":
 		s.PostgresDSN = b.db.dsn
 	}
-	p, err := startIdemgate(ctx, b.bin, b.tmp, name, b.key, s, b.sidePprof)
+	p, err := startIdemgate(ctx, b.bin, b.tmp, name, b.key, s, b.profiling())
 	if err != nil {
 		return nil, err
 	}
 	if b.profiling() && b.pprofMsg == "" {
-		switch {
-		case !p.hasPprof(ctx):
-			b.pprofMsg = "idemgate does not serve /debug/pprof at " + p.pprofAddr + ": no profiles were taken."
-		case b.sidePprof:
-			b.pprofMsg = "Profiles: idemgate's admin server does not serve /debug/pprof, so the idemgate scenarios ran " +
-				idemgatePprofPackage + " (mainlib.Main unchanged, plus net/http/pprof on a separate loopback port); " +
-				"cells marked profiled had a CPU/allocation profile taken during their window."
-		default:
-			b.pprofMsg = "Profiles were taken from idemgate's admin server /debug/pprof; cells marked profiled had a CPU/allocation profile taken during their window."
+		if p.hasPprof(ctx) {
+			b.pprofMsg = "Profiles were taken from idemgate's admin server (serve --pprof, /debug/pprof/); cells marked profiled had a CPU/allocation profile taken during their window."
+		} else {
+			b.pprofMsg = "idemgate does not serve /debug/pprof at " + p.pprofAddr + " (serve --pprof): no profiles were taken."
 		}
 	}
 	return p, nil

@@ -28,12 +28,8 @@ func moduleRoot(ctx context.Context) (string, error) {
 	return filepath.Dir(mod), nil
 }
 
-// The packages the tool builds idemgate from: the real command, or the same
-// command with net/http/pprof on a side listener when profiling is asked for.
-const (
-	idemgatePackage      = "./cmd/idemgate"
-	idemgatePprofPackage = "./e2e/loadgen/idemgatepprof"
-)
+// idemgatePackage is the package the tool builds idemgate from.
+const idemgatePackage = "./cmd/idemgate"
 
 // buildIdemgate runs `go build -o out <pkg>` in the module root. The error
 // carries the compiler's first lines: the binary may not build yet while
@@ -123,15 +119,14 @@ type idemgateProcess struct {
 	*child
 	grpcAddr  string
 	adminAddr string
-	// pprofAddr serves /debug/pprof: the idemgatepprof side listener, or
-	// the admin server (should it ever serve pprof itself).
+	// pprofAddr serves /debug/pprof (the admin server, with serve --pprof).
 	pprofAddr string
 }
 
 // startIdemgate writes the config to dir and starts `idemgate serve`,
-// waiting for its ready line and for /readyz. With sidePprof the binary is
-// idemgatepprof and gets a loopback port for its pprof listener.
-func startIdemgate(ctx context.Context, bin, dir, name, key string, s idemgateSettings, sidePprof bool) (*idemgateProcess, error) {
+// waiting for its ready line and for /readyz. With pprof, idemgate serves
+// /debug/pprof/ on its admin listener (serve --pprof).
+func startIdemgate(ctx context.Context, bin, dir, name, key string, s idemgateSettings, pprof bool) (*idemgateProcess, error) {
 	gp, err := freePort()
 	if err != nil {
 		return nil, err
@@ -151,19 +146,14 @@ func startIdemgate(ctx context.Context, bin, dir, name, key string, s idemgateSe
 		return nil, fmt.Errorf("failed to write %s: %w", path, err)
 	}
 	env := []string{"IDEMGATE_KEY_K1=" + key}
-	pprofAddr := s.AdminListen
-	if sidePprof {
-		pp, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		pprofAddr = fmt.Sprintf("127.0.0.1:%d", pp)
-		env = append(env, "IDEMGATE_PPROF_LISTEN="+pprofAddr)
+	args := []string{"serve", "--config", path}
+	if pprof {
+		args = append(args, "--pprof")
 	}
 	c, err := startChild(ctx, childSpec{
 		name:      "idemgate (" + name + ")",
 		path:      bin,
-		args:      []string{"serve", "--config", path},
+		args:      args,
 		env:       env,
 		readyLine: "ready",
 		timeout:   60 * time.Second, // migrations on a busy machine
@@ -171,7 +161,7 @@ func startIdemgate(ctx context.Context, bin, dir, name, key string, s idemgateSe
 	if err != nil {
 		return nil, err
 	}
-	p := &idemgateProcess{child: c, grpcAddr: s.GRPCListen, adminAddr: s.AdminListen, pprofAddr: pprofAddr}
+	p := &idemgateProcess{child: c, grpcAddr: s.GRPCListen, adminAddr: s.AdminListen, pprofAddr: s.AdminListen}
 	// "ready" means listening; /readyz says the stores answer (migrations
 	// applied). Measuring before that would count start-up 503s.
 	if err := p.waitReadyz(ctx, 60*time.Second); err != nil {

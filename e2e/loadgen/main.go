@@ -142,7 +142,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.memBody, "memory-body", 2048, "request body bytes per stream in the memory scenario")
 	fs.IntVar(&o.memConns, "memory-conns", 8, "HTTP/2 connections in the memory scenario")
 	fs.StringVar(&memRoutes, "memory-routes", "preview,confirm", "routes the memory scenario holds streams on: preview,confirm")
-	fs.StringVar(&o.cpuProfileDir, "cpuprofile", "", "directory for CPU profiles of idemgate (pprof from its admin server) during each idemgate cell at -profile-concurrency")
+	fs.StringVar(&o.cpuProfileDir, "cpuprofile", "", "directory for CPU profiles of idemgate (started with serve --pprof, fetched from its admin server) during each idemgate cell at -profile-concurrency")
 	fs.StringVar(&o.memProfileDir, "memprofile", "", "directory for allocation profiles of idemgate, as -cpuprofile")
 	fs.IntVar(&o.profileConcurrency, "profile-concurrency", 0, "concurrency whose cells are profiled (default: the highest)")
 	fs.StringVar(&o.idemgateBin, "idemgate", "", "use this idemgate binary instead of building ./cmd/idemgate")

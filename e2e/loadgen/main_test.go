@@ -295,15 +295,15 @@ func TestCommandLine(t *testing.T) {
 	require.Equal(t, "7.0.15", redisVersion("Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=ae4d7c971a948f0\n"))
 }
 
-func TestProfilesThroughIdemgatePprof(t *testing.T) {
+func TestProfilesThroughTheAdminServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipped in -short: builds and runs idemgate")
 	}
 	root, err := moduleRoot(t.Context())
 	require.NoError(t, err)
-	bin := filepath.Join(t.TempDir(), "idemgatepprof")
-	if err := buildIdemgate(t.Context(), root, bin, idemgatePprofPackage); err != nil {
-		t.Skipf("profiling test skipped: %s does not build yet: %v", idemgatePprofPackage, err)
+	bin := filepath.Join(t.TempDir(), "idemgate")
+	if err := buildIdemgate(t.Context(), root, bin, idemgatePackage); err != nil {
+		t.Skipf("profiling test skipped: %s does not build yet: %v", idemgatePackage, err)
 	}
 	dir := t.TempDir()
 	b := newTestBench(t, "-concurrency", "2", "-duration", "1s", "-cpuprofile", dir, "-memprofile", dir)
@@ -313,8 +313,12 @@ func TestProfilesThroughIdemgatePprof(t *testing.T) {
 	p, err := startIdemgate(t.Context(), bin, b.tmp, "pprof", key, idemgateSettings{}, true)
 	require.NoError(t, err)
 	defer p.stop(5 * time.Second)
-	require.NotEqual(t, p.adminAddr, p.pprofAddr)
+	require.Equal(t, p.adminAddr, p.pprofAddr)
 	require.True(t, p.hasPprof(t.Context()))
+	plain, err := startIdemgate(t.Context(), bin, b.tmp, "plain", key, idemgateSettings{}, false)
+	require.NoError(t, err)
+	defer plain.stop(5 * time.Second)
+	require.False(t, plain.hasPprof(t.Context()), "no profiler without serve --pprof")
 
 	prof := b.profiler(t.Context(), cellSpec{scenario: "preview", idemgate: p}, 2)
 	require.True(t, prof.active)

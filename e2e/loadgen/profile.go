@@ -9,9 +9,9 @@ import (
 	"time"
 )
 
-// cellProfiler fetches pprof profiles from idemgate (the idemgatepprof side
-// listener, see idemgateBinary) while a
-// cell's window is measured: a CPU profile and an allocation delta profile,
+// cellProfiler fetches pprof profiles from idemgate (its admin server, which
+// serves /debug/pprof/ when started with serve --pprof) while a cell's
+// window is measured: a CPU profile and an allocation delta profile,
 // both covering the window. The figures of a profiled cell carry a note:
 // the profiler itself costs the server some CPU.
 type cellProfiler struct {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +31,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	path := fs.String("config", "", "config file")
 	grpcListen := fs.String("grpc-listen", "", "override grpc_listen (e.g. 127.0.0.1:0)")
 	adminListen := fs.String("admin-listen", "", "override admin_listen (e.g. 127.0.0.1:0)")
+	withPprof := fs.Bool("pprof", false, "also serve Go's profiler (net/http/pprof) under /debug/pprof/ on the admin listener; "+
+		"for profiling sessions only: it exposes process internals, keep the admin port private")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -55,11 +58,24 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	for _, w := range warns {
 		logger.Warn("config warning", "problem", w.Error())
 	}
-	return run(ctx, rt, logger, stderr)
+	if *withPprof {
+		logger.Warn("profiler enabled: /debug/pprof/ is served on the admin listener", "admin", rt.AdminListen)
+	}
+	return run(ctx, rt, logger, stderr, adminOptions{pprof: *withPprof})
+}
+
+// adminOptions are what the admin server serves besides /metrics, /healthz
+// and /readyz.
+type adminOptions struct {
+	// pprof serves net/http/pprof under /debug/pprof/ (serve --pprof). It is
+	// a command-line switch rather than a config key on purpose: profiling
+	// is something an operator turns on for a session, not a property of a
+	// deployment's config.
+	pprof bool
 }
 
 // run serves a compiled config on the addresses it names.
-func run(ctx context.Context, rt *config.Runtime, logger *slog.Logger, stderr io.Writer) error {
+func run(ctx context.Context, rt *config.Runtime, logger *slog.Logger, stderr io.Writer, admin adminOptions) error {
 	grpcLis, err := net.Listen("tcp", rt.GRPCListen)
 	if err != nil {
 		return fmt.Errorf("failed to listen on grpc_listen %s: %w", rt.GRPCListen, err)
@@ -70,7 +86,7 @@ func run(ctx context.Context, rt *config.Runtime, logger *slog.Logger, stderr io
 		return fmt.Errorf("failed to listen on admin_listen %s: %w", rt.AdminListen, err)
 	}
 	// One plain line, whatever the log format, for harnesses to wait on.
-	return runOn(ctx, rt, logger, grpcLis, adminLis, func() { fmt.Fprintln(stderr, "ready") })
+	return runOnWith(ctx, rt, logger, grpcLis, adminLis, func() { fmt.Fprintln(stderr, "ready") }, admin)
 }
 
 // runOn serves a compiled config on listeners that are already open (serve
@@ -78,6 +94,11 @@ func run(ctx context.Context, rt *config.Runtime, logger *slog.Logger, stderr io
 // must know before it builds the Envoy front). It closes both listeners and
 // calls onReady once both are being served.
 func runOn(ctx context.Context, rt *config.Runtime, logger *slog.Logger, grpcLis, adminLis net.Listener, onReady func()) error {
+	return runOnWith(ctx, rt, logger, grpcLis, adminLis, onReady, adminOptions{})
+}
+
+// runOnWith is runOn with admin options.
+func runOnWith(ctx context.Context, rt *config.Runtime, logger *slog.Logger, grpcLis, adminLis net.Listener, onReady func(), adminOpts adminOptions) error {
 	// Serve and Shutdown close them too; this covers the early returns.
 	defer grpcLis.Close()
 	defer adminLis.Close()
@@ -115,7 +136,7 @@ func runOn(ctx context.Context, rt *config.Runtime, logger *slog.Logger, grpcLis
 	go ready.watch(bg, ss, metrics, logger)
 	go sweep(bg, ss.store, logger)
 
-	admin := &http.Server{Handler: adminHandler(reg, hs, ready, ss.backend), ReadHeaderTimeout: 5 * time.Second}
+	admin := &http.Server{Handler: adminHandler(reg, hs, ready, ss.backend, adminOpts), ReadHeaderTimeout: 5 * time.Second}
 	errs := make(chan error, 2)
 	go func() {
 		if err := gs.Serve(grpcLis); err != nil {
@@ -173,10 +194,17 @@ func runOn(ctx context.Context, rt *config.Runtime, logger *slog.Logger, grpcLis
 }
 
 // adminHandler serves /metrics (private registry), /healthz (the same gRPC
-// health Envoy checks) and /readyz (the required store answers and the
-// process is not draining).
-func adminHandler(reg *prometheus.Registry, hs *health.Server, ready *readiness, backend string) http.Handler {
+// health Envoy checks), /readyz (the required store answers and the
+// process is not draining) and, with opts.pprof, /debug/pprof/.
+func adminHandler(reg *prometheus.Registry, hs *health.Server, ready *readiness, backend string, opts adminOptions) http.Handler {
 	mux := http.NewServeMux()
+	if opts.pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		resp, err := hs.Check(r.Context(), &healthpb.HealthCheckRequest{Service: extproc.ServiceName})
