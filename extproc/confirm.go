@@ -306,13 +306,36 @@ func (ex *exchange) replay(rec state.Record, nonce string) *extprocv3.Processing
 	return ex.envelope(msg, res.Status, envelope.Extra{HasResult: true, ResultRef: ex.resultRef(res, nonce), Result: res.Body}, marks...)
 }
 
-// resultRef reads the configured result_ref path from the stored body; the
-// nonce when it is not configured or not found.
+// resultRef is the reference a replay or status answer names the result by:
+// the one recorded with it at completion, else (a result settled by a
+// person, or recorded before refs were) read from the stored body now.
 func (ex *exchange) resultRef(res *state.Result, nonce string) string {
-	if len(ex.op.ResultRef) == 0 || len(res.Body) == 0 {
+	if len(ex.op.ResultRef) == 0 {
 		return nonce
 	}
-	doc, err := fingerprint.ParseJSON(res.Body, ex.srv.cfg.Limits.MaxJSONDepth)
+	if res.Ref != "" {
+		return res.Ref
+	}
+	return ex.readResultRef(res.Body, nonce)
+}
+
+// recordedRef is the Ref stored with a result at completion: the body is
+// parsed once here rather than on every replay. Empty when the operation
+// names no result_ref (the nonce needs no recording).
+func (ex *exchange) recordedRef(body []byte, nonce string) string {
+	if len(ex.op.ResultRef) == 0 {
+		return ""
+	}
+	return ex.readResultRef(body, nonce)
+}
+
+// readResultRef reads the configured result_ref path from body; the nonce
+// when it is not found.
+func (ex *exchange) readResultRef(body []byte, nonce string) string {
+	if len(body) == 0 {
+		return nonce
+	}
+	doc, err := fingerprint.ParseJSON(body, ex.srv.cfg.Limits.MaxJSONDepth)
 	if err != nil {
 		return nonce
 	}
@@ -404,7 +427,7 @@ func (ex *exchange) complete(body []byte) {
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
 	ans, err := ex.srv.store.Complete(ctx, ex.claim, state.Completion{
 		State:     st,
-		Result:    state.Result{Status: ex.respStatus, Headers: ex.respHeaders, Body: body},
+		Result:    state.Result{Status: ex.respStatus, Headers: ex.respHeaders, Body: body, Ref: ex.recordedRef(body, ex.claim.Key)},
 		Retention: ex.srv.cfg.TTL.Terminal,
 	})
 	cancel()

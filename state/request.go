@@ -116,7 +116,7 @@ func (r *Result) Clone() *Result {
 	if r == nil {
 		return nil
 	}
-	c := &Result{Status: r.Status}
+	c := &Result{Status: r.Status, Ref: r.Ref}
 	if len(r.Headers) > 0 {
 		c.Headers = append([]Header(nil), r.Headers...)
 	}

@@ -103,6 +103,12 @@ type Result struct {
 	Status  int      `json:"status"`
 	Headers []Header `json:"headers,omitempty"`
 	Body    []byte   `json:"body,omitempty"`
+	// Ref is the reference a replay names the result by (the operation's
+	// result_ref read from Body, or the nonce), worked out once when the
+	// result is recorded so that no replay has to parse Body again. Empty
+	// means it was not recorded (a result settled by a person, or written
+	// before this field existed); readers then derive it themselves.
+	Ref string `json:"ref,omitempty"`
 }
 
 // ContentType returns the stored content-type header, if any.

@@ -129,11 +129,11 @@ func (s *Store) Migrate(ctx context.Context) error {
 // recordCols is the select list every query returns: the stored columns and
 // LeaseExpired judged by the database clock.
 const recordCols = `idem_key, scope, subject_tag, param_hash, state, owner, fence, lease_until,
-	result_status, result_headers, result_body, created_at, updated_at, expires_at,
+	result_status, result_headers, result_body, result_ref, created_at, updated_at, expires_at,
 	lease_until <= now() AS lease_expired`
 
 const returningCols = `idem_key, scope, subject_tag, param_hash, state, owner, fence, lease_until,
-	result_status, result_headers, result_body, created_at, updated_at, expires_at`
+	result_status, result_headers, result_body, result_ref, created_at, updated_at, expires_at`
 
 // micro turns a bigint parameter of microseconds into an interval.
 const micro = `* interval '1 microsecond'`
@@ -155,7 +155,7 @@ UNION ALL
 SELECT false AS inserted, ` + recordCols + ` FROM idempotency_record WHERE idem_key = $1::char(32)`
 
 	completeSQL = `UPDATE idempotency_record
-SET state = $4, result_status = $5, result_headers = $6::jsonb, result_body = $7,
+SET state = $4, result_status = $5, result_headers = $6::jsonb, result_body = $7, result_ref = NULLIF($9, ''),
 	updated_at = now(), expires_at = now() + $8::bigint ` + micro + `
 WHERE idem_key = $1::char(32) AND owner = $2 AND fence = $3 AND state IN ('IN_FLIGHT', 'UNKNOWN')
 RETURNING ` + recordCols
@@ -183,7 +183,7 @@ WHERE idem_key = $1::char(32) AND fence = $3 AND state = 'IN_FLIGHT' AND lease_u
 RETURNING ` + recordCols
 
 	resolveSQL = `UPDATE idempotency_record
-SET state = $2, result_status = $3, result_headers = $4::jsonb, result_body = $5,
+SET state = $2, result_status = $3, result_headers = $4::jsonb, result_body = $5, result_ref = NULLIF($7, ''),
 	updated_at = now(), expires_at = now() + $6::bigint ` + micro + `
 WHERE idem_key = $1::char(32) AND state IN ('IN_FLIGHT', 'UNKNOWN')
 RETURNING ` + recordCols
@@ -204,9 +204,10 @@ func scanRecord(row pgx.Row, lead ...any) (state.Record, error) {
 		status  *int32
 		headers []byte
 		body    []byte
+		ref     *string
 	)
 	dst := append(lead, &rec.Key, &rec.Scope, &rec.SubjectTag, &rec.ParamHash, &st, &rec.Owner, &rec.Fence,
-		&rec.LeaseUntil, &status, &headers, &body, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt, &rec.LeaseExpired)
+		&rec.LeaseUntil, &status, &headers, &body, &ref, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt, &rec.LeaseExpired)
 	if err := row.Scan(dst...); err != nil {
 		return state.Record{}, err
 	}
@@ -219,6 +220,9 @@ func scanRecord(row pgx.Row, lead ...any) (state.Record, error) {
 		res := &state.Result{Status: int(*status), Headers: hs}
 		if len(body) > 0 {
 			res.Body = body
+		}
+		if ref != nil {
+			res.Ref = *ref
 		}
 		rec.Result = res
 	}
@@ -320,7 +324,7 @@ func (s *Store) Complete(ctx context.Context, claim state.Claim, c state.Complet
 		return state.Answer{}, err
 	}
 	return s.update(ctx, "complete in postgres", completeSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
-		claim.Key, claim.Owner, claim.Fence, string(c.State), status, headers, body, micros(c.Retention))
+		claim.Key, claim.Owner, claim.Fence, string(c.State), status, headers, body, micros(c.Retention), c.Result.Ref)
 }
 
 // Release implements state.Store.
@@ -399,7 +403,7 @@ func (s *Store) Resolve(ctx context.Context, key string, c state.Completion) (st
 		return state.Answer{}, err
 	}
 	return s.update(ctx, "resolve in postgres", resolveSQL, key, state.OutcomeNotFound, notOwner, state.OutcomeOK,
-		key, string(c.State), status, headers, body, micros(c.Retention))
+		key, string(c.State), status, headers, body, micros(c.Retention), c.Result.Ref)
 }
 
 // Sweep deletes up to limit terminal records past their retention.

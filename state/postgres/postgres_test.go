@@ -79,12 +79,12 @@ func TestKeyLookupUsesPrimaryKey(t *testing.T) {
 		args []any
 	}{
 		{"get", selectSQL, []any{key}},
-		{"complete", completeSQL, []any{key, "o", int64(1), "DONE", int32(200), "[]", []byte("x"), int64(1)}},
+		{"complete", completeSQL, []any{key, "o", int64(1), "DONE", int32(200), "[]", []byte("x"), int64(1), "ref"}},
 		{"release", releaseSQL, []any{key, "o", int64(1)}},
 		{"abandon", abandonSQL, []any{key, "o"}},
 		{"mark unknown", markUnknownSQL, []any{key, "o", int64(1)}},
 		{"takeover", takeoverSQL, []any{key, "o", int64(1), int64(1)}},
-		{"resolve", resolveSQL, []any{key, "DONE", int32(200), "[]", []byte("x"), int64(1)}},
+		{"resolve", resolveSQL, []any{key, "DONE", int32(200), "[]", []byte("x"), int64(1), "ref"}},
 		{"acquire", acquireSQL, []any{key, "s", "u", "p", "o", int64(1), int64(1)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

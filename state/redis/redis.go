@@ -260,7 +260,7 @@ func resultArgs(c state.Completion) ([]any, error) {
 	if body == nil {
 		body = []byte{}
 	}
-	return []any{string(c.State), strconv.Itoa(c.Result.Status), hs, body, micros(c.Retention)}, nil
+	return []any{string(c.State), strconv.Itoa(c.Result.Status), hs, body, micros(c.Retention), c.Result.Ref}, nil
 }
 
 // Complete implements state.Store.
@@ -427,6 +427,9 @@ func (s *Store) Repair(ctx context.Context, rec state.Record, ttl time.Duration)
 			body = []byte{}
 		}
 		args = append(args, "result_status", strconv.Itoa(rec.Result.Status), "result_headers", hs, "result_body", body)
+		if rec.Result.Ref != "" {
+			args = append(args, "result_ref", rec.Result.Ref)
+		}
 	}
 	r, err := s.run(ctx, "repair redis", repairScript, rec.Key, args...)
 	if err != nil {
@@ -567,7 +570,7 @@ func decodeRecord(f map[string]string, nowUS int64) (state.Record, error) {
 		if err != nil {
 			return state.Record{}, fmt.Errorf("%w: %w", errBadReply, err)
 		}
-		res := &state.Result{Status: status, Headers: hs}
+		res := &state.Result{Status: status, Headers: hs, Ref: f["result_ref"]}
 		if b := f["result_body"]; len(b) > 0 {
 			res.Body = []byte(b)
 		}

@@ -119,6 +119,7 @@ func SampleResult() state.Result {
 			{Name: "X-Raw", Value: "bin\xff\xfe"},
 		},
 		Body: []byte("{\"transfer_id\":\"t-1\",\"note\":\"h\u00e9\"}\x00\xff\xfe\xc3\x28 end\n"),
+		Ref:  "t-1",
 	}
 }
 
@@ -153,13 +154,14 @@ func RequireOutcome(t testing.TB, want state.Outcome, a state.Answer, err error)
 }
 
 // RequireSameResult fails unless got holds exactly want (status, header
-// order, body bytes).
+// order, body bytes, ref).
 func RequireSameResult(t testing.TB, want state.Result, got *state.Result) {
 	t.Helper()
 	require.NotNil(t, got, "record has no result")
 	require.Equal(t, want.Status, got.Status)
 	require.Equal(t, want.Headers, got.Headers)
 	require.True(t, bytes.Equal(want.Body, got.Body), "body differs:\nwant %q\ngot  %q", want.Body, got.Body)
+	require.Equal(t, want.Ref, got.Ref, "result ref")
 }
 
 func (s *suite) acquire(t *testing.T, st state.Store, key, owner string) state.Answer {

@@ -41,7 +41,9 @@ local function expire_at(key, expires_us)
   redis.call('PEXPIREAT', key, fmt(math.ceil(expires_us / 1000)))
 end
 
-local function finish(key, now, st, status, headers, body, retention_us)
+-- finish writes a terminal state and its result; an empty ref means none
+-- was recorded, and no field is kept for it.
+local function finish(key, now, st, status, headers, body, retention_us, ref)
   local ea = now + tonumber(retention_us)
   redis.call('HSET', key,
     'state', st,
@@ -50,5 +52,10 @@ local function finish(key, now, st, status, headers, body, retention_us)
     'result_body', body,
     'updated_at_us', fmt(now),
     'expires_at_us', fmt(ea))
+  if ref ~= '' then
+    redis.call('HSET', key, 'result_ref', ref)
+  else
+    redis.call('HDEL', key, 'result_ref')
+  end
   expire_at(key, ea)
 end

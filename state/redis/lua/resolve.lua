@@ -1,5 +1,5 @@
 -- KEYS[1] record key
--- ARGV: state, result_status, result_headers, result_body, retention_us
+-- ARGV: state, result_status, result_headers, result_body, retention_us, result_ref
 local key = KEYS[1]
 local now = now_us()
 local st = redis.call('HGET', key, 'state')
@@ -9,5 +9,5 @@ end
 if st == 'DONE' or st == 'FAILED' then
   return reply('NOT_OWNER', key, now)
 end
-finish(key, now, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+finish(key, now, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 return reply('OK', key, now)
