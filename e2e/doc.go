@@ -33,6 +33,10 @@
 // idemgate and of the front are printed only for a failed test. The whole
 // package takes about a minute on two cores with -race, plus the build.
 //
+// A test that shows a bug found in another package skips naming the bug;
+// IDEMGATE_E2E_KNOWN_BUGS=1 runs it (and shows it failing until the bug is
+// fixed).
+//
 // The suite is not behind a build tag (house style rule 40 has
 // //go:build e2e): issue 5 asks for it to run under make test, which is
 // go test ./... without tags. It skips under -short instead.
@@ -77,6 +81,7 @@
 //	参数篡改 tampered amount              TestTamperedParamsAreRefusedAndReported
 //	越权重放 another user's fingerprint   TestAnotherUsersFingerprintIsRefused
 //	TTL 边界 exp−1s / exp+1s              TestFingerprintExpiryBoundary
+//	late retry after expiry (seed 四/六)   TestLateRetryAfterExpiryReplaysTheResult (known bug, skipped)
 //	乱序 late completion, NOT_OWNER       TestStaleOwnersLateAnswerDoesNotOverwrite
 //	Redis killed during load             TestRedisKilledDuringLoad
 //	PostgreSQL unreachable               TestPostgresUnreachable

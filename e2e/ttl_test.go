@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -57,4 +58,42 @@ func sleepUntil(t time.Time) {
 	if d := time.Until(t); d > 0 {
 		time.Sleep(d)
 	}
+}
+
+// bugExpiredAfterExecution is an idemgate bug this suite found; the test
+// that shows it skips naming it unless IDEMGATE_E2E_KNOWN_BUGS=1.
+const bugExpiredAfterExecution = "idemgate bug: a confirm with an expired fingerprint whose operation already ran is answered " +
+	"410 fingerprint_expired (\"Nothing was executed ... ask the user to confirm again\") instead of replaying the result " +
+	"(extproc checks exp before reading the record)"
+
+// skipKnownBug skips a test that shows a known bug, unless
+// IDEMGATE_E2E_KNOWN_BUGS=1.
+func skipKnownBug(t *testing.T, bug string) {
+	t.Helper()
+	if os.Getenv("IDEMGATE_E2E_KNOWN_BUGS") != "1" {
+		t.Skip(bug + " (IDEMGATE_E2E_KNOWN_BUGS=1 runs this test)")
+	}
+}
+
+// TestLateRetryAfterExpiryReplaysTheResult: an agent whose workflow stalled
+// (or whose context was compacted) comes back after the fingerprint expired
+// and confirms again with the same fingerprint. The transfer already ran.
+// Seed sections 四 and 六: the retry must get the first execution's result
+// (the terminal TTL exists for exactly these late retries) — never "nothing
+// was executed, ask the user to confirm again", which leads the agent to a
+// second preview, a second confirmation and a second payment.
+func TestLateRetryAfterExpiryReplaysTheResult(t *testing.T) {
+	skipKnownBug(t, bugExpiredAfterExecution)
+	s := startStack(t, stack.Options{FingerprintTTL: 2 * time.Second})
+	alice := s.Agent("alice")
+	p := preview(t, alice, transfer("10.00", "acct_heidi", "coffee"))
+	first := confirm(t, alice, p.ConfirmBody())
+	requireExecuted(t, first)
+
+	sleepUntil(time.Unix(p.Exp+1, 0).Add(boundaryMargin))
+	// The status tool, which accepts expired fingerprints, knows it ran.
+	require.Equal(t, "completed", statusOf(t, s, alice, p.Fingerprint))
+	late := confirm(t, alice, p.ConfirmBody())
+	requireReplay(t, s, late, p.Nonce, first.Body)
+	require.Equal(t, 1, s.Payments.Executions())
 }

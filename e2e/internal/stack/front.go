@@ -114,7 +114,7 @@ func startEnvoy(t testing.TB, bin string, bootstrap []byte, listenAddr, adminAdd
 	cmd := exec.Command(bin, "-c", path, "--base-id", strconv.FormatUint(uint64(baseID), 10), "--log-level", "warning")
 	// stdout carries the access log (the shipped stdout access logger).
 	cmd.Stdout, cmd.Stderr = f.log, f.log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("failed to start envoy: %w", err)
 	}

@@ -187,7 +187,8 @@ func (g *Idemgate) startProcess() error {
 		return fmt.Errorf("failed to pipe idemgate's stderr: %w", err)
 	}
 	// Its own process group: a kill reaches this process and nothing else.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: a test binary that dies (panic, -timeout) takes it along.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("failed to start idemgate: %w", err)
 	}
