@@ -69,7 +69,7 @@ func (ex *exchange) previewResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3
 // content-length in the same reply (BUFFERED with headers SEND: Envoy
 // compares content-length with the mutated body).
 func (ex *exchange) previewResponseBody(body []byte) (*extprocv3.ProcessingResponse, bool) {
-	token, claims, err := ex.sign()
+	token, expiresAt, err := ex.sign()
 	if err != nil {
 		ex.logger().Error("failed to sign a fingerprint; preview passed through without one", "error", err)
 		ex.decision("sign_failed")
@@ -77,7 +77,7 @@ func (ex *exchange) previewResponseBody(body []byte) (*extprocv3.ProcessingRespo
 	}
 	headers := make([]*corev3.HeaderValueOption, 1, 2)
 	headers[0] = setHeader(hdrFingerprint, []byte(token))
-	expires := claims.ExpiresAt().UTC().Format(time.RFC3339)
+	expires := expiresAt.Format(time.RFC3339)
 	out, ok := injectFields(body, field{ex.op.FingerprintField, token}, field{ex.op.ExpiresAtField, expires})
 	if !ok {
 		ex.logger().Warn("preview response body is not a JSON object; the fingerprint is sent in the Idempotency-Fingerprint header only",
@@ -90,13 +90,14 @@ func (ex *exchange) previewResponseBody(body []byte) (*extprocv3.ProcessingRespo
 	return responseBodyReply(&extprocv3.HeaderMutation{SetHeaders: headers}, out, true), true
 }
 
-// sign issues a fingerprint for the stream's subject and params.
-func (ex *exchange) sign() (string, fingerprint.Claims, error) {
+// sign issues a fingerprint for the stream's subject and params and says
+// when it expires (UTC).
+func (ex *exchange) sign() (string, time.Time, error) {
 	nonce, err := fingerprint.NewNonce()
 	if err != nil {
-		return "", fingerprint.Claims{}, err
+		return "", time.Time{}, err
 	}
-	return ex.srv.cfg.Keys.Sign(fingerprint.SignRequest{
+	return ex.srv.cfg.Keys.SignToken(fingerprint.SignRequest{
 		Subject: ex.subject,
 		Scope:   ex.op.Scope,
 		Params:  ex.params,

@@ -208,6 +208,15 @@ func (p *jsonParser) array(depth int) (any, error) {
 // body may carry an absurd number in a field nobody hashes.
 func (p *jsonParser) number() (any, error) {
 	start := p.pos
+	if err := p.scanNumber(); err != nil {
+		return nil, err
+	}
+	return json.Number(p.data[start:p.pos]), nil
+}
+
+// scanNumber moves past a JSON number, checking its grammar, without
+// building a value.
+func (p *jsonParser) scanNumber() error {
 	d := p.data
 	i := p.pos
 	if d[i] == '-' {
@@ -216,7 +225,7 @@ func (p *jsonParser) number() (any, error) {
 	switch {
 	case i >= len(d):
 		p.pos = i
-		return nil, p.fail("missing digits in number")
+		return p.fail("missing digits in number")
 	case d[i] == '0':
 		i++
 	case isDigit(d[i]):
@@ -225,7 +234,7 @@ func (p *jsonParser) number() (any, error) {
 		}
 	default:
 		p.pos = i
-		return nil, p.fail("missing digits in number")
+		return p.fail("missing digits in number")
 	}
 	if i < len(d) && d[i] == '.' {
 		i++
@@ -235,7 +244,7 @@ func (p *jsonParser) number() (any, error) {
 		}
 		if i == fracStart {
 			p.pos = i
-			return nil, p.fail("missing digits after '.' in number")
+			return p.fail("missing digits after '.' in number")
 		}
 	}
 	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
@@ -249,15 +258,27 @@ func (p *jsonParser) number() (any, error) {
 		}
 		if i == expStart {
 			p.pos = i
-			return nil, p.fail("missing exponent digits in number")
+			return p.fail("missing exponent digits in number")
 		}
 	}
 	p.pos = i
-	return json.Number(d[start:i]), nil
+	return nil
 }
 
 // string parses a JSON string starting at the opening quote.
 func (p *jsonParser) string() (string, error) {
+	b, err := p.stringBytes()
+	if err != nil {
+		return "", err
+	}
+	return string(b), nil
+}
+
+// stringBytes parses a JSON string starting at the opening quote and returns
+// its decoded bytes. Without escapes or non-ASCII bytes (the common case)
+// that is a slice of the input, so nothing is copied; callers that keep it
+// convert it to a string.
+func (p *jsonParser) stringBytes() ([]byte, error) {
 	p.pos++ // opening quote
 	start := p.pos
 	// Fast path: printable ASCII without escapes needs no copy-and-decode.
@@ -265,7 +286,7 @@ func (p *jsonParser) string() (string, error) {
 		c := p.data[i]
 		if c == '"' {
 			p.pos = i + 1
-			return string(p.data[start:i]), nil
+			return p.data[start:i:i], nil
 		}
 		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
 			break
@@ -274,28 +295,28 @@ func (p *jsonParser) string() (string, error) {
 	buf := make([]byte, 0, 16)
 	for {
 		if p.pos >= len(p.data) {
-			return "", p.fail("unterminated string")
+			return nil, p.fail("unterminated string")
 		}
 		c := p.data[p.pos]
 		switch {
 		case c == '"':
 			p.pos++
-			return string(buf), nil
+			return buf, nil
 		case c == '\\':
 			var err error
 			buf, err = p.escape(buf)
 			if err != nil {
-				return "", err
+				return nil, err
 			}
 		case c < 0x20:
-			return "", p.fail("control character in string")
+			return nil, p.fail("control character in string")
 		case c < utf8.RuneSelf:
 			buf = append(buf, c)
 			p.pos++
 		default:
 			r, size := utf8.DecodeRune(p.data[p.pos:])
 			if r == utf8.RuneError && size <= 1 {
-				return "", p.fail("invalid UTF-8 in string")
+				return nil, p.fail("invalid UTF-8 in string")
 			}
 			buf = append(buf, p.data[p.pos:p.pos+size]...)
 			p.pos += size

@@ -84,6 +84,34 @@ type KeyRing struct {
 	active string
 	ids    []string // sorted
 	keys   map[string]*ringKey
+
+	// scratchPool holds *verifyScratch: Verify decodes the payload into
+	// pooled buffers, since nothing in Claims aliases them. (A pointer, so
+	// that a KeyRing value can still be copied, e.g. by fmt.)
+	scratchPool *sync.Pool
+}
+
+// verifyScratch is Verify's working memory: the payload text and its
+// decoded bytes.
+type verifyScratch struct {
+	text    []byte
+	payload []byte
+}
+
+func (r *KeyRing) scratch() *verifyScratch {
+	if r.scratchPool != nil {
+		if sc, ok := r.scratchPool.Get().(*verifyScratch); ok {
+			return sc
+		}
+	}
+	return &verifyScratch{}
+}
+
+func (r *KeyRing) release(sc *verifyScratch) {
+	if r.scratchPool == nil || cap(sc.text) > maxPooledInput || cap(sc.payload) > maxPooledInput {
+		return
+	}
+	r.scratchPool.Put(sc)
 }
 
 // ringKey is one configured key and its derived sub-keys, computed once.
@@ -137,7 +165,7 @@ func (p *hmacPool) put(kh *keyedHash) {
 // The key bytes are copied.
 func NewKeyRing(activeID string, keys map[string][]byte) (*KeyRing, error) {
 	var errs []error
-	r := &KeyRing{active: activeID, keys: make(map[string]*ringKey, len(keys))}
+	r := &KeyRing{active: activeID, keys: make(map[string]*ringKey, len(keys)), scratchPool: &sync.Pool{}}
 	for id, secret := range keys {
 		if !validKeyID(id) {
 			errs = append(errs, fmt.Errorf("%w: key id %q must be 1-%d characters of [A-Za-z0-9._-]", ErrInvalidKey, id, maxKeyIDLength))
@@ -241,6 +269,16 @@ func (k *ringKey) subjectTag(subject string) string {
 	return base64.RawURLEncoding.EncodeToString(kh.sum[:subjectTagBytes])
 }
 
+// appendSubjectTag appends subjectTag(subject) to buf.
+func (k *ringKey) appendSubjectTag(buf []byte, subject string) []byte {
+	kh := k.subjectHashes.get()
+	defer k.subjectHashes.put(kh)
+	kh.in = append(kh.in[:0], subject...)
+	kh.h.Write(kh.in)
+	kh.sum = kh.h.Sum(kh.sum[:0])
+	return base64.RawURLEncoding.AppendEncode(buf, kh.sum[:subjectTagBytes])
+}
+
 // fieldTag is base64url (no padding) of the first 9 bytes of
 // HMAC-SHA256(field key, path || 0x00 || canonical value). Paths cannot
 // contain 0x00, so the input is unambiguous. kh comes from k.fieldHashes.
@@ -251,6 +289,16 @@ func (k *ringKey) fieldTag(kh *keyedHash, path string, canonical []byte) string 
 	kh.h.Write(canonical)
 	kh.sum = kh.h.Sum(kh.sum[:0])
 	return base64.RawURLEncoding.EncodeToString(kh.sum[:fieldTagBytes])
+}
+
+// appendFieldTag appends fieldTag(kh, path, canonical) to buf.
+func (k *ringKey) appendFieldTag(buf []byte, kh *keyedHash, path string, canonical []byte) []byte {
+	kh.h.Reset()
+	kh.in = append(append(kh.in[:0], path...), 0)
+	kh.h.Write(kh.in)
+	kh.h.Write(canonical)
+	kh.sum = kh.h.Sum(kh.sum[:0])
+	return base64.RawURLEncoding.AppendEncode(buf, kh.sum[:fieldTagBytes])
 }
 
 // computeMAC is HMAC-SHA256(key, base64url payload text).

@@ -1,7 +1,6 @@
 package fingerprint
 
 import (
-	"bytes"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -10,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +28,8 @@ const (
 	nonceBytes   = 16
 	nonceHexLen  = 2 * nonceBytes
 	paramHashLen = 2 * sha256.Size
+	// sigTextLen is the length of the MAC in unpadded base64url.
+	sigTextLen = (8*sha256.Size + 5) / 6
 )
 
 // strictB64 decodes base64url without padding and refuses non-zero trailing
@@ -72,24 +74,9 @@ type SignRequest struct {
 // Sign issues a fingerprint with the active key. It is deterministic: the
 // same request and ring give the same token.
 func (r *KeyRing) Sign(req SignRequest) (string, Claims, error) {
-	if r == nil {
-		return "", Claims{}, errors.New("failed to sign: nil key ring")
-	}
-	switch {
-	case req.Subject == "":
-		return "", Claims{}, errors.New("failed to sign: subject is empty")
-	case req.Scope == "" || !utf8.ValidString(req.Scope):
-		return "", Claims{}, errors.New("failed to sign: scope must be a non-empty UTF-8 string")
-	case !isLowerHex(req.Nonce, nonceHexLen):
-		return "", Claims{}, errors.New("failed to sign: nonce must be 32 lower-case hex characters (use NewNonce)")
-	case !isLowerHex(req.Params.Hash, paramHashLen):
-		return "", Claims{}, errors.New("failed to sign: params hash must be 64 lower-case hex characters (use Selector.Select)")
-	case req.Expiry.IsZero():
-		return "", Claims{}, errors.New("failed to sign: expiry is not set")
-	}
-	k, ok := r.keys[r.active]
-	if !ok {
-		return "", Claims{}, errors.New("failed to sign: key ring has no active key (use NewKeyRing)")
+	k, err := r.checkSign(req)
+	if err != nil {
+		return "", Claims{}, err
 	}
 	kh := k.fieldHashes.get()
 	defer k.fieldHashes.put(kh)
@@ -124,6 +111,108 @@ func (r *KeyRing) Sign(req SignRequest) (string, Claims, error) {
 		return "", Claims{}, fmt.Errorf("failed to sign: token would be %d bytes, longer than %d", len(token), MaxTokenLength)
 	}
 	return string(token), claims, nil
+}
+
+// checkSign validates a SignRequest and returns the active key.
+func (r *KeyRing) checkSign(req SignRequest) (*ringKey, error) {
+	if r == nil {
+		return nil, errors.New("failed to sign: nil key ring")
+	}
+	switch {
+	case req.Subject == "":
+		return nil, errors.New("failed to sign: subject is empty")
+	case req.Scope == "" || !utf8.ValidString(req.Scope):
+		return nil, errors.New("failed to sign: scope must be a non-empty UTF-8 string")
+	case !isLowerHex(req.Nonce, nonceHexLen):
+		return nil, errors.New("failed to sign: nonce must be 32 lower-case hex characters (use NewNonce)")
+	case !isLowerHex(req.Params.Hash, paramHashLen):
+		return nil, errors.New("failed to sign: params hash must be 64 lower-case hex characters (use Selector.Select)")
+	case req.Expiry.IsZero():
+		return nil, errors.New("failed to sign: expiry is not set")
+	}
+	k, ok := r.keys[r.active]
+	if !ok {
+		return nil, errors.New("failed to sign: key ring has no active key (use NewKeyRing)")
+	}
+	return k, nil
+}
+
+// SignToken issues exactly the token Sign issues for req, and its expiry,
+// for callers that need nothing else (a preview response): it writes the
+// tags straight into the payload instead of building Claims, so a preview
+// costs a few allocations rather than one per bound field.
+func (r *KeyRing) SignToken(req SignRequest) (token string, expiresAt time.Time, err error) {
+	k, err := r.checkSign(req)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	fields := req.Params.Fields
+	// The fields' indexes in path byte order (the order of "f").
+	var orderBuf [16]int
+	order := orderBuf[:0]
+	if len(fields) > len(orderBuf) {
+		order = make([]int, 0, len(fields))
+	}
+	for i, f := range fields {
+		if f.Path == "" || !utf8.ValidString(f.Path) || strings.IndexByte(f.Path, 0) >= 0 {
+			return "", time.Time{}, fmt.Errorf("failed to sign: invalid field path %q", f.Path)
+		}
+		for _, j := range order {
+			if fields[j].Path == f.Path {
+				return "", time.Time{}, fmt.Errorf("failed to sign: field %q listed twice", f.Path)
+			}
+		}
+		// Insertion sort: a handful of paths.
+		at := len(order)
+		for at > 0 && fields[order[at-1]].Path > f.Path {
+			at--
+		}
+		order = slices.Insert(order, at, i)
+	}
+
+	sc := r.scratch()
+	defer r.release(sc)
+	buf := sc.payload[:0]
+	buf = append(buf, `{"v":`...)
+	buf = strconv.AppendInt(buf, Version, 10)
+	buf = append(buf, `,"k":`...)
+	buf = appendQuoted(buf, k.id)
+	buf = append(buf, `,"n":`...)
+	buf = appendQuoted(buf, req.Nonce)
+	buf = append(buf, `,"exp":`...)
+	buf = strconv.AppendInt(buf, req.Expiry.Unix(), 10)
+	// Tags are base64url, which JSON strings carry unescaped.
+	buf = append(buf, `,"u":"`...)
+	buf = k.appendSubjectTag(buf, req.Subject)
+	buf = append(buf, `","s":`...)
+	buf = appendQuoted(buf, req.Scope)
+	buf = append(buf, `,"p":`...)
+	buf = appendQuoted(buf, req.Params.Hash)
+	buf = append(buf, `,"f":{`...)
+	kh := k.fieldHashes.get()
+	for n, i := range order {
+		if n > 0 {
+			buf = append(buf, ',')
+		}
+		buf = appendQuoted(buf, fields[i].Path)
+		buf = append(buf, ':', '"')
+		buf = k.appendFieldTag(buf, kh, fields[i].Path, fields[i].Canonical)
+		buf = append(buf, '"')
+	}
+	k.fieldHashes.put(kh)
+	buf = append(buf, "}}"...)
+	sc.payload = buf
+
+	n := base64.RawURLEncoding.EncodedLen(len(buf))
+	tok := make([]byte, n, n+1+sigTextLen)
+	base64.RawURLEncoding.Encode(tok, buf)
+	mac := computeMAC(k, tok)
+	tok = append(tok, '.')
+	tok = base64.RawURLEncoding.AppendEncode(tok, mac[:])
+	if len(tok) > MaxTokenLength {
+		return "", time.Time{}, fmt.Errorf("failed to sign: token would be %d bytes, longer than %d", len(tok), MaxTokenLength)
+	}
+	return string(tok), time.Unix(req.Expiry.Unix(), 0).UTC(), nil
 }
 
 // encodeClaims writes the payload: compact JSON, members in the order
@@ -243,17 +332,23 @@ func (r *KeyRing) Verify(token string, want Expect, now time.Time) (Claims, erro
 		return malformed("not unpadded base64url")
 	}
 	var sig [sha256.Size]byte
-	if strictB64.DecodedLen(len(sigPart)) != len(sig) {
+	var sigText [sigTextLen]byte
+	if len(sigPart) != len(sigText) || strictB64.DecodedLen(len(sigPart)) != len(sig) {
 		return malformed("bad signature encoding")
 	}
-	if n, err := strictB64.Decode(sig[:], []byte(sigPart)); err != nil || n != len(sig) {
+	copy(sigText[:], sigPart) // decoded without converting (and allocating) the string
+	if n, err := strictB64.Decode(sig[:], sigText[:]); err != nil || n != len(sig) {
 		return malformed("bad signature encoding")
 	}
-	payload, err := strictB64.DecodeString(payloadPart)
+	sc := r.scratch()
+	defer r.release(sc)
+	sc.text = append(sc.text[:0], payloadPart...)
+	payload, err := strictB64.AppendDecode(sc.payload[:0], sc.text)
+	sc.payload = payload
 	if err != nil {
 		return malformed("bad payload encoding")
 	}
-	claims, detail := decodeClaims(payload)
+	claims, detail := decodeClaims(payload, r, &want)
 	if detail != "" {
 		return malformed(detail)
 	}
@@ -343,7 +438,12 @@ const (
 // integer literals within range, the others strings except f, an object of
 // strings; k a valid key id, n and p lower-case hex of the right length. It
 // returns a description of the first problem, never key material.
-func decodeClaims(payload []byte) (Claims, string) {
+//
+// The payload bytes are not kept. Strings the caller already holds — the
+// ring's key ids, the expected scope, parameter hash and field paths — are
+// reused instead of copied when the claim spells exactly them; ring and
+// want may be nil.
+func decodeClaims(payload []byte, ring *KeyRing, want *Expect) (Claims, string) {
 	p := jsonParser{data: payload}
 	var c Claims
 	var seen int
@@ -367,7 +467,8 @@ func decodeClaims(payload []byte) (Claims, string) {
 		}
 		var bit int
 		var bad string
-		switch name {
+		var raw []byte
+		switch string(name) {
 		case "v":
 			bit = memberV
 			var v int64
@@ -378,25 +479,35 @@ func decodeClaims(payload []byte) (Claims, string) {
 			}
 		case "k":
 			bit = memberK
-			c.KeyID, bad = p.claimString("k")
+			if raw, bad = p.claimBytes("k"); bad == "" {
+				c.KeyID = ring.knownKeyID(raw)
+			}
 		case "n":
 			bit = memberN
-			c.Nonce, bad = p.claimString("n")
+			if raw, bad = p.claimBytes("n"); bad == "" {
+				c.Nonce = string(raw)
+			}
 		case "exp":
 			bit = memberExp
 			c.Expiry, bad = p.claimInteger("exp")
 		case "u":
 			bit = memberU
-			c.SubjectTag, bad = p.claimString("u")
+			if raw, bad = p.claimBytes("u"); bad == "" {
+				c.SubjectTag = string(raw)
+			}
 		case "s":
 			bit = memberS
-			c.Scope, bad = p.claimString("s")
+			if raw, bad = p.claimBytes("s"); bad == "" {
+				c.Scope = want.knownScope(raw)
+			}
 		case "p":
 			bit = memberP
-			c.ParamHash, bad = p.claimString("p")
+			if raw, bad = p.claimBytes("p"); bad == "" {
+				c.ParamHash = want.knownParamHash(raw)
+			}
 		case "f":
 			bit = memberF
-			c.FieldTags, bad = p.claimFieldTags()
+			c.FieldTags, bad = p.claimFieldTags(want)
 		default:
 			return Claims{}, "payload has an unknown member"
 		}
@@ -429,65 +540,136 @@ func decodeClaims(payload []byte) (Claims, string) {
 	return c, ""
 }
 
-// memberName reads an object key and the ':' after it.
-func (p *jsonParser) memberName() (string, bool) {
-	if p.pos >= len(p.data) || p.data[p.pos] != '"' {
-		return "", false
+// knownKeyID returns the ring's own copy of a key id the payload names, or
+// a new string for one the ring does not know.
+func (r *KeyRing) knownKeyID(raw []byte) string {
+	if r != nil {
+		if k, ok := r.keys[string(raw)]; ok {
+			return k.id
+		}
 	}
-	name, err := p.string()
+	return string(raw)
+}
+
+func (w *Expect) knownScope(raw []byte) string {
+	if w != nil && string(raw) == w.Scope {
+		return w.Scope
+	}
+	return string(raw)
+}
+
+func (w *Expect) knownParamHash(raw []byte) string {
+	if w != nil && w.Params != nil && string(raw) == w.Params.Hash {
+		return w.Params.Hash
+	}
+	return string(raw)
+}
+
+// knownPath returns the configured copy of a field path, if it is one.
+func (w *Expect) knownPath(raw []byte) string {
+	if w != nil && w.Params != nil {
+		for _, path := range w.Params.order {
+			if string(raw) == path {
+				return path
+			}
+		}
+	}
+	return string(raw)
+}
+
+// memberName reads an object key and the ':' after it. The name aliases the
+// payload unless it had escapes.
+func (p *jsonParser) memberName() ([]byte, bool) {
+	if p.pos >= len(p.data) || p.data[p.pos] != '"' {
+		return nil, false
+	}
+	name, err := p.stringBytes()
 	if err != nil {
-		return "", false
+		return nil, false
 	}
 	p.skipSpace()
 	if p.pos >= len(p.data) || p.data[p.pos] != ':' {
-		return "", false
+		return nil, false
 	}
 	p.pos++
 	p.skipSpace()
 	return name, true
 }
 
-func (p *jsonParser) claimString(name string) (string, string) {
+// claimBytes reads a string member's value (aliasing the payload unless it
+// had escapes).
+func (p *jsonParser) claimBytes(name string) ([]byte, string) {
 	if p.pos >= len(p.data) || p.data[p.pos] != '"' {
-		return "", fmt.Sprintf("%q must be a string", name)
+		return nil, fmt.Sprintf("%q must be a string", name)
 	}
-	s, err := p.string()
+	b, err := p.stringBytes()
 	if err != nil {
-		return "", "payload is not valid JSON"
+		return nil, "payload is not valid JSON"
 	}
-	return s, ""
+	return b, ""
 }
 
 // claimInteger reads an integer literal: optional '-', digits, no fraction
 // or exponent, within int64.
 func (p *jsonParser) claimInteger(name string) (int64, string) {
-	bad := fmt.Sprintf("%q must be an integer", name)
+	bad := func() string { return fmt.Sprintf("%q must be an integer", name) }
 	if p.pos >= len(p.data) || (p.data[p.pos] != '-' && !isDigit(p.data[p.pos])) {
-		return 0, bad
+		return 0, bad()
 	}
 	start := p.pos
-	if _, err := p.number(); err != nil {
-		return 0, bad
+	if err := p.scanNumber(); err != nil {
+		return 0, bad()
 	}
-	text := p.data[start:p.pos]
-	if bytes.ContainsAny(text, ".eE") {
-		return 0, bad
-	}
-	n, err := strconv.ParseInt(string(text), 10, 64)
-	if err != nil {
-		return 0, bad
+	n, ok := parseInt64(p.data[start:p.pos])
+	if !ok {
+		return 0, bad()
 	}
 	return n, ""
 }
 
+// parseInt64 reads text as an optional '-' and decimal digits within int64,
+// as strconv.ParseInt(text, 10, 64) would, without converting it to a
+// string first. A fraction or exponent is refused.
+func parseInt64(text []byte) (int64, bool) {
+	neg := len(text) > 0 && text[0] == '-'
+	digits := text
+	limit := uint64(math.MaxInt64)
+	if neg {
+		digits = text[1:]
+		limit++ // -2^63 is in range
+	}
+	if len(digits) == 0 {
+		return 0, false
+	}
+	var u uint64
+	for _, c := range digits {
+		if !isDigit(c) {
+			return 0, false
+		}
+		d := uint64(c - '0')
+		if u > (limit-d)/10 {
+			return 0, false
+		}
+		u = u*10 + d
+	}
+	if neg {
+		return -int64(u), true // two's complement: -(2^63) wraps to MinInt64
+	}
+	return int64(u), true
+}
+
 // claimFieldTags reads "f": an object whose members are all strings.
-func (p *jsonParser) claimFieldTags() (map[string]string, string) {
+func (p *jsonParser) claimFieldTags(want *Expect) (map[string]string, string) {
 	const bad = `"f" must be an object of strings`
 	if p.pos >= len(p.data) || p.data[p.pos] != '{' {
 		return nil, bad
 	}
 	p.pos++
-	tags := make(map[string]string)
+	size := 0
+	if want != nil && want.Params != nil {
+		size = len(want.Params.order)
+	}
+	tags := make(map[string]string, size)
 	p.skipSpace()
 	for p.pos < len(p.data) && p.data[p.pos] != '}' {
 		if len(tags) > 0 {
@@ -497,18 +679,20 @@ func (p *jsonParser) claimFieldTags() (map[string]string, string) {
 			p.pos++
 			p.skipSpace()
 		}
-		path, ok := p.memberName()
+		rawPath, ok := p.memberName()
 		if !ok {
 			return nil, bad
 		}
-		tag, why := p.claimString("f")
+		// The name may alias the payload: keep a copy before the next read.
+		path := want.knownPath(rawPath)
+		tag, why := p.claimBytes("f")
 		if why != "" {
 			return nil, bad
 		}
 		if _, dup := tags[path]; dup {
 			return nil, `"f" repeats a member`
 		}
-		tags[path] = tag
+		tags[path] = string(tag)
 		p.skipSpace()
 	}
 	if p.pos >= len(p.data) {
