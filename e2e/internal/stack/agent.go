@@ -69,15 +69,6 @@ type Envelope struct {
 // Replayed says the answer carries Idempotent-Replayed: true.
 func (r *Response) Replayed() bool { return r.Header.Get("Idempotent-Replayed") == "true" }
 
-// EnvelopeStatus is the envelope's status, or "" when the answer is not an
-// envelope (the upstream's own answer, or a bare error of the front).
-func (r *Response) EnvelopeStatus() string {
-	if r.Envelope == nil {
-		return ""
-	}
-	return r.Envelope.Status
-}
-
 func (r *Response) String() string {
 	return fmt.Sprintf("%d %s", r.StatusCode, bytes.TrimSpace(r.Body))
 }
@@ -104,9 +95,6 @@ func (p *Preview) ConfirmBody() map[string]any {
 	body["fingerprint"] = p.Fingerprint
 	return body
 }
-
-// StatusBody is the status tool's body for this preview's fingerprint.
-func (p *Preview) StatusBody() map[string]any { return map[string]any{"fingerprint": p.Fingerprint} }
 
 func newAgent(user, base string, client *http.Client) (*Agent, error) {
 	token, err := demoauth.Mint(user, time.Hour, time.Now())

@@ -117,9 +117,9 @@ func child(m map[string]any, key string) (map[string]any, error) {
 // about). The ratio message_timeout >= 4 x store.timeout that envoy.yaml
 // keeps is kept here too.
 const (
-	storeTimeout   = 2 * time.Second
-	redisTimeout   = 500 * time.Millisecond
-	MessageTimeout = 4 * storeTimeout
+	storeTimeout          = 2 * time.Second
+	redisTimeout          = 500 * time.Millisecond
+	extProcMessageTimeout = 4 * storeTimeout
 )
 
 // Environment variables the shipped idemgate.yaml reads its secrets from.

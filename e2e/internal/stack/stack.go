@@ -153,7 +153,7 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		listenAddr: listen, adminAddr: admin,
 		clusters:            map[string]string{"idemgate": g.GRPCAddr, "payments": paymentsAddr},
 		confirmRouteTimeout: opts.ConfirmRouteTimeout,
-		messageTimeout:      MessageTimeout,
+		messageTimeout:      extProcMessageTimeout,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -244,9 +244,6 @@ func (s *Stack) AnonymousAgent() *Agent {
 // RequestID is the x-request-id the front gave the request that got resp
 // (a local reply: every idemgate envelope is one).
 func (s *Stack) RequestID(resp *Response) (string, error) { return s.front.RequestID(resp) }
-
-// FrontLog is what the front logged (access lines, local replies).
-func (s *Stack) FrontLog() string { return s.front.Log() }
 
 // RedisClient returns a client of the test-owned Redis, closed at cleanup.
 func (s *Stack) RedisClient() *goredis.Client {
