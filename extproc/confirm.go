@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"errors"
+	"log/slog"
 	"strconv"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -101,7 +102,9 @@ func (ex *exchange) verifyFailed(err error, claims fingerprint.Claims, statusRou
 	case fingerprint.ReasonUnknownKey:
 		ex.securityEvent(security.ReasonUnknownKey, claims, nil)
 	}
-	ex.logger().Debug("fingerprint rejected", "reason", string(reason))
+	if ex.logEnabled(slog.LevelDebug) {
+		ex.logger().Debug("fingerprint rejected", "reason", string(reason))
+	}
 	return ex.envelope(invalid, 0, envelope.Extra{})
 }
 
@@ -242,7 +245,7 @@ func (ex *exchange) leaseExpired(rec state.Record, claims fingerprint.Claims, ow
 			}
 			return ex.storeFailed("takeover", err), true
 		}
-		if ans.Outcome == state.OutcomeAcquired {
+		if ans.Outcome == state.OutcomeAcquired && ex.logEnabled(slog.LevelInfo) {
 			ex.logger().Info("took over an expired lease; re-sending the same idempotency key", "previous_owner", rec.Owner, "fence", ans.Record.Fence)
 		}
 		return ex.answer(ans, claims, owner, headersOnly, 1)
@@ -285,7 +288,7 @@ func (ex *exchange) replay(rec state.Record, nonce string) *extprocv3.Processing
 	if rec.State == state.StateFailed {
 		msg = envelope.AlreadyFailed
 	}
-	marks := []*corev3.HeaderValueOption{setHeader(hdrReplayed, rawTrue), setHeader(hdrIdemKey, []byte(nonce))}
+	marks := []*corev3.HeaderValueOption{replayedTrue, setHeader(hdrIdemKey, []byte(nonce))}
 	if ex.op.Replay == config.ReplayRaw {
 		headers := make([]*corev3.HeaderValueOption, 0, len(res.Headers)+len(marks))
 		seen := make(map[string]bool, len(res.Headers))
@@ -496,7 +499,9 @@ func (ex *exchange) logSettlement(action, why string, ans state.Answer, err erro
 		ex.logger().Error("failed to settle the record; it stays IN_FLIGHT until its lease ends", "action", action, "why", why, "error", err)
 	case ans.Outcome == state.OutcomeOK:
 		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, action).Inc()
-		ex.logger().Info("settled the record", "action", action, "why", why)
+		if ex.logEnabled(slog.LevelInfo) {
+			ex.logger().Info("settled the record", "action", action, "why", why)
+		}
 	case ans.Outcome == state.OutcomeNotOwner:
 		ex.srv.metrics.notOwner.WithLabelValues(ex.op.Name).Inc()
 		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, "not_owner").Inc()

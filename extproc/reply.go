@@ -27,10 +27,14 @@ const (
 	hdrRetryAfter    = "retry-after"
 )
 
-// Static header values, built once.
+// Static header values and mutations, built once and shared (only ever
+// marshalled).
 var (
 	rawJSON = []byte("application/json")
 	rawTrue = []byte("true")
+
+	contentTypeJSON = setHeader(hdrContentType, rawJSON)
+	replayedTrue    = setHeader(hdrReplayed, rawTrue)
 )
 
 // storedResponseHeaders is the allow-list of upstream response headers kept
@@ -94,7 +98,34 @@ func common(mut *extprocv3.HeaderMutation, body []byte, replaceBody bool) *extpr
 	return c
 }
 
+// Replies that carry nothing of the request (CONTINUE, perhaps with one of
+// the fixed mode overrides) are built once and shared by every stream: a
+// reply is only ever marshalled, never changed after it is returned, and
+// protobuf messages may be marshalled concurrently.
+var (
+	continueRequestHeaders    = newRequestHeadersReply(nil, nil)
+	passThroughRequestHeaders = newRequestHeadersReply(nil, passThroughMode)
+	continueRequestBody       = newRequestBodyReply(nil)
+	continueResponseHeaders   = newResponseHeadersReply(nil, nil)
+	noBodyResponseHeaders     = newResponseHeadersReply(nil, noResponseBodyMode)
+	continueResponseBody      = newResponseBodyReply(nil, nil, false)
+	continueRequestTrailers   = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+	continueResponseTrailers  = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
+)
+
 func requestHeadersReply(mut *extprocv3.HeaderMutation, mode *filterv3.ProcessingMode) *extprocv3.ProcessingResponse {
+	if mut == nil {
+		switch mode {
+		case nil:
+			return continueRequestHeaders
+		case passThroughMode:
+			return passThroughRequestHeaders
+		}
+	}
+	return newRequestHeadersReply(mut, mode)
+}
+
+func newRequestHeadersReply(mut *extprocv3.HeaderMutation, mode *filterv3.ProcessingMode) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{
 		Response:     &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common(mut, nil, false)}},
 		ModeOverride: mode,
@@ -102,12 +133,31 @@ func requestHeadersReply(mut *extprocv3.HeaderMutation, mode *filterv3.Processin
 }
 
 func requestBodyReply(mut *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse {
+	if mut == nil {
+		return continueRequestBody
+	}
+	return newRequestBodyReply(mut)
+}
+
+func newRequestBodyReply(mut *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common(mut, nil, false)}},
 	}
 }
 
 func responseHeadersReply(mut *extprocv3.HeaderMutation, mode *filterv3.ProcessingMode) *extprocv3.ProcessingResponse {
+	if mut == nil {
+		switch mode {
+		case nil:
+			return continueResponseHeaders
+		case noResponseBodyMode:
+			return noBodyResponseHeaders
+		}
+	}
+	return newResponseHeadersReply(mut, mode)
+}
+
+func newResponseHeadersReply(mut *extprocv3.HeaderMutation, mode *filterv3.ProcessingMode) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{
 		Response:     &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{Response: common(mut, nil, false)}},
 		ModeOverride: mode,
@@ -115,18 +165,21 @@ func responseHeadersReply(mut *extprocv3.HeaderMutation, mode *filterv3.Processi
 }
 
 func responseBodyReply(mut *extprocv3.HeaderMutation, body []byte, replace bool) *extprocv3.ProcessingResponse {
+	if mut == nil && !replace {
+		return continueResponseBody
+	}
+	return newResponseBodyReply(mut, body, replace)
+}
+
+func newResponseBodyReply(mut *extprocv3.HeaderMutation, body []byte, replace bool) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{Response: common(mut, body, replace)}},
 	}
 }
 
-func requestTrailersReply() *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
-}
+func requestTrailersReply() *extprocv3.ProcessingResponse { return continueRequestTrailers }
 
-func responseTrailersReply() *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
-}
+func responseTrailersReply() *extprocv3.ProcessingResponse { return continueResponseTrailers }
 
 // immediate answers the client directly: Envoy stops processing, the upstream
 // is not contacted (in request phases), and the stream ends.
@@ -146,7 +199,7 @@ func immediate(status int, headers []*corev3.HeaderValueOption, body []byte, det
 // any extra headers.
 func envelopeReply(r envelope.Rendered, extra ...*corev3.HeaderValueOption) *extprocv3.ProcessingResponse {
 	headers := make([]*corev3.HeaderValueOption, 0, 2+len(extra))
-	headers = append(headers, setHeader(hdrContentType, rawJSON))
+	headers = append(headers, contentTypeJSON)
 	if r.RetryAfterSeconds > 0 {
 		headers = append(headers, setHeader(hdrRetryAfter, strconv.AppendInt(nil, r.RetryAfterSeconds, 10)))
 	}

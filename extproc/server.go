@@ -185,6 +185,13 @@ func (ex *exchange) handleSafely(req *extprocv3.ProcessingRequest) (resp *extpro
 	return ex.handle(req)
 }
 
+// logEnabled reports whether the server logs at level, so that a call site
+// below the configured level does not build the request-scoped logger (and
+// its attributes) for nothing.
+func (ex *exchange) logEnabled(level slog.Level) bool {
+	return ex.srv.log.Enabled(ex.ctx, level)
+}
+
 // logger returns the request-scoped logger (built on first use).
 func (ex *exchange) logger() *slog.Logger {
 	if ex.log == nil {

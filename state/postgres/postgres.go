@@ -196,6 +196,10 @@ RETURNING ` + recordCols
 	FOR UPDATE SKIP LOCKED)`
 )
 
+// headerCache decodes stored header sets, which repeat across records (a
+// memo: its answers are DecodeHeaders').
+var headerCache codec.Cache
+
 // scanRecord reads one row of recordCols (after any leading columns in dst).
 func scanRecord(row pgx.Row, lead ...any) (state.Record, error) {
 	var (
@@ -213,7 +217,7 @@ func scanRecord(row pgx.Row, lead ...any) (state.Record, error) {
 	}
 	rec.State = state.State(st)
 	if status != nil {
-		hs, err := codec.DecodeHeaders(headers)
+		hs, err := headerCache.Decode(headers)
 		if err != nil {
 			return state.Record{}, err
 		}

@@ -153,6 +153,10 @@ func New(opts Options) (*Store, error) {
 		MaxRetries:            -1,
 		DialerRetries:         1,
 		ContextTimeoutEnabled: true,
+		// RESP2: the scripts' replies are flat arrays of strings either way,
+		// and RESP3 makes go-redis look for push notifications around every
+		// command, which this store never subscribes to.
+		Protocol: 2,
 	}
 	switch opts.Mode {
 	case "", ModeSingle:
@@ -501,16 +505,7 @@ func decodeReply(v any) (reply, error) {
 	if len(arr) == 2 {
 		return r, nil
 	}
-	fields := make(map[string]string, (len(arr)-2)/2)
-	for i := 2; i < len(arr); i += 2 {
-		k, ok1 := arr[i].(string)
-		val, ok2 := arr[i+1].(string)
-		if !ok1 || !ok2 {
-			return reply{}, fmt.Errorf("%w: field pair of %T and %T", errBadReply, arr[i], arr[i+1])
-		}
-		fields[k] = val
-	}
-	rec, err := decodeRecord(fields, nowUS)
+	rec, err := decodeRecord(arr[2:], nowUS)
 	if err != nil {
 		return reply{}, err
 	}
@@ -519,25 +514,84 @@ func decodeReply(v any) (reply, error) {
 	return r, nil
 }
 
-func decodeRecord(f map[string]string, nowUS int64) (state.Record, error) {
-	var missing []string
-	get := func(name string) string {
-		v, ok := f[name]
-		if !ok {
-			missing = append(missing, name)
+// Record fields every stored record has, as bits (see decodeRecord).
+const (
+	fieldState = 1 << iota
+	fieldParamHash
+	fieldScope
+	fieldSubjectTag
+	fieldOwner
+	fieldFence
+	fieldLeaseUntil
+	fieldCreatedAt
+	fieldUpdatedAt
+	fieldExpiresAt
+	allFields = 1<<iota - 1
+)
+
+var fieldNames = [...]string{"state", "param_hash", "scope", "subject_tag", "owner", "fence",
+	"lease_until_us", "created_at_us", "updated_at_us", "expires_at_us"}
+
+// headerCache decodes stored header sets, which repeat across records (a
+// memo: its answers are DecodeHeaders').
+var headerCache codec.Cache
+
+// decodeRecord reads the field, value pairs of HGETALL straight into a
+// Record (no intermediate map: this runs on every answer).
+func decodeRecord(pairs []any, nowUS int64) (state.Record, error) {
+	var (
+		rec                   state.Record
+		seen                  int
+		fenceStr              string
+		lu, ca, ua, ea        string
+		status, headers, body string
+		ref                   string
+		hasStatus             bool
+	)
+	for i := 0; i < len(pairs); i += 2 {
+		k, ok1 := pairs[i].(string)
+		v, ok2 := pairs[i+1].(string)
+		if !ok1 || !ok2 {
+			return state.Record{}, fmt.Errorf("%w: field pair of %T and %T", errBadReply, pairs[i], pairs[i+1])
 		}
-		return v
+		switch k {
+		case "state":
+			rec.State, seen = state.State(v), seen|fieldState
+		case "param_hash":
+			rec.ParamHash, seen = v, seen|fieldParamHash
+		case "scope":
+			rec.Scope, seen = v, seen|fieldScope
+		case "subject_tag":
+			rec.SubjectTag, seen = v, seen|fieldSubjectTag
+		case "owner":
+			rec.Owner, seen = v, seen|fieldOwner
+		case "fence":
+			fenceStr, seen = v, seen|fieldFence
+		case "lease_until_us":
+			lu, seen = v, seen|fieldLeaseUntil
+		case "created_at_us":
+			ca, seen = v, seen|fieldCreatedAt
+		case "updated_at_us":
+			ua, seen = v, seen|fieldUpdatedAt
+		case "expires_at_us":
+			ea, seen = v, seen|fieldExpiresAt
+		case "result_status":
+			status, hasStatus = v, true
+		case "result_headers":
+			headers = v
+		case "result_body":
+			body = v
+		case "result_ref":
+			ref = v
+		}
 	}
-	rec := state.Record{
-		State:      state.State(get("state")),
-		ParamHash:  get("param_hash"),
-		Scope:      get("scope"),
-		SubjectTag: get("subject_tag"),
-		Owner:      get("owner"),
-	}
-	fenceStr := get("fence")
-	lu, ca, ua, ea := get("lease_until_us"), get("created_at_us"), get("updated_at_us"), get("expires_at_us")
-	if len(missing) > 0 {
+	if seen != allFields {
+		var missing []string
+		for bit, name := range fieldNames {
+			if seen&(1<<bit) == 0 {
+				missing = append(missing, name)
+			}
+		}
 		return state.Record{}, fmt.Errorf("%w: record lacks %s", errBadReply, strings.Join(missing, ", "))
 	}
 	switch rec.State {
@@ -549,7 +603,7 @@ func decodeRecord(f map[string]string, nowUS int64) (state.Record, error) {
 	if rec.Fence, err = strconv.ParseInt(fenceStr, 10, 64); err != nil {
 		return state.Record{}, fmt.Errorf("%w: fence %q", errBadReply, fenceStr)
 	}
-	times := []struct {
+	times := [...]struct {
 		s   string
 		dst *time.Time
 	}{{lu, &rec.LeaseUntil}, {ca, &rec.CreatedAt}, {ua, &rec.UpdatedAt}, {ea, &rec.ExpiresAt}}
@@ -561,18 +615,18 @@ func decodeRecord(f map[string]string, nowUS int64) (state.Record, error) {
 		*tm.dst = time.UnixMicro(us).UTC()
 	}
 	rec.LeaseExpired = rec.LeaseUntil.UnixMicro() <= nowUS
-	if st, ok := f["result_status"]; ok {
-		status, err := strconv.Atoi(st)
+	if hasStatus {
+		code, err := strconv.Atoi(status)
 		if err != nil {
-			return state.Record{}, fmt.Errorf("%w: result status %q", errBadReply, st)
+			return state.Record{}, fmt.Errorf("%w: result status %q", errBadReply, status)
 		}
-		hs, err := codec.DecodeHeaders([]byte(f["result_headers"]))
+		hs, err := headerCache.DecodeString(headers)
 		if err != nil {
 			return state.Record{}, fmt.Errorf("%w: %w", errBadReply, err)
 		}
-		res := &state.Result{Status: status, Headers: hs, Ref: f["result_ref"]}
-		if b := f["result_body"]; len(b) > 0 {
-			res.Body = []byte(b)
+		res := &state.Result{Status: code, Headers: hs, Ref: ref}
+		if len(body) > 0 {
+			res.Body = []byte(body)
 		}
 		rec.Result = res
 	}

@@ -9,7 +9,9 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/idemgate/idemgate/state"
@@ -83,4 +85,52 @@ func DecodeHeaders(b []byte) ([]state.Header, error) {
 		hs = append(hs, h)
 	}
 	return hs, nil
+}
+
+// maxCachedHeaderSets bounds a Cache: stored header sets repeat (every
+// record from one upstream carries the same content-type, perhaps a
+// location), so a small cache answers nearly every read.
+const maxCachedHeaderSets = 256
+
+// Cache decodes stored headers like DecodeHeaders, remembering the header
+// sets it has seen so that the reads on the replay path skip JSON decoding.
+// It is safe for concurrent use; the zero value is ready.
+type Cache struct {
+	mu   sync.RWMutex
+	sets map[string][]state.Header
+}
+
+// Decode is DecodeHeaders for the stored bytes b. The result is the
+// caller's own slice.
+func (c *Cache) Decode(b []byte) ([]state.Header, error) {
+	c.mu.RLock()
+	hs, ok := c.sets[string(b)]
+	c.mu.RUnlock()
+	if ok {
+		return slices.Clone(hs), nil
+	}
+	hs, err := DecodeHeaders(b)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.sets == nil {
+		c.sets = make(map[string][]state.Header)
+	}
+	if len(c.sets) < maxCachedHeaderSets {
+		c.sets[string(b)] = slices.Clone(hs)
+	}
+	c.mu.Unlock()
+	return hs, nil
+}
+
+// DecodeString is Decode for a string.
+func (c *Cache) DecodeString(s string) ([]state.Header, error) {
+	c.mu.RLock()
+	hs, ok := c.sets[s]
+	c.mu.RUnlock()
+	if ok {
+		return slices.Clone(hs), nil
+	}
+	return c.Decode([]byte(s))
 }
