@@ -22,14 +22,25 @@
 //     records past expires_at, in bounded batches with FOR UPDATE SKIP LOCKED
 //     so several replicas can sweep at once without blocking each other or
 //     the request path.
-//   - The pool is small on purpose (default MaxConns 10, MinConns 2): every
-//     call is one short statement holding a connection for about a round
-//     trip, so a few connections serve thousands of calls per second, while
-//     each server connection costs PostgreSQL several MB and every gateway
-//     replica brings its own pool. MinConns keeps warm connections so the
-//     first confirm after a quiet spell does not pay TCP+TLS+auth inside its
-//     store deadline. Raise MaxConns only when pool waits show up in the
-//     store latency metric.
+//   - Concurrent Acquire inserts and Complete updates share one round trip
+//     and one commit: batch.go queues them for at most about a millisecond
+//     (only while a batch is already in flight) and sends them as one
+//     pipelined implicit transaction.
+//   - The pool is small on purpose (default MaxConns 8, MinConns 2). On the
+//     2-core machines idemgate is sized for, PostgreSQL runs about as many
+//     statements at once as it has cores; more connections only queue inside
+//     the server, where each backend also costs several MB. The write path
+//     needs DefaultBatchConns connections (2 batches in flight, each carrying
+//     up to 64 statements); the rest serve the single statements (status
+//     reads, releases, takeovers) and readiness. Small pools also matter for
+//     the shared server's max_connections (100): every gateway replica —
+//     and every test and benchmark process — brings its own pool, so 8 per
+//     pool leaves room for a dozen at once. MinConns keeps connections warm
+//     so the first confirm after a quiet spell does not pay TCP+TLS+auth
+//     inside its store deadline; Warm opens them before serving. Every new
+//     connection prepares the request path's statements when it is opened.
+//     Raise MaxConns only when pool waits show up in the store latency
+//     metric.
 //   - pgx's statement cache (the default exec mode) prepares each query once
 //     per connection. Behind PgBouncer in transaction mode set
 //     default_query_exec_mode=exec in the DSN.
@@ -52,7 +63,7 @@ import (
 
 // Pool defaults; see the package doc for why they are small.
 const (
-	DefaultMaxConns = 10
+	DefaultMaxConns = 8
 	DefaultMinConns = 2
 )
 
@@ -61,7 +72,7 @@ type Options struct {
 	// DSN is a libpq URL or keyword string (connect_timeout, sslmode,
 	// application_name … are read from it).
 	DSN string
-	// MaxConns caps the pool (default 10).
+	// MaxConns caps the pool (default 8).
 	MaxConns int32
 	// MinConns is kept open and warm (default 2).
 	MinConns int32
@@ -73,11 +84,15 @@ type Options struct {
 	MaxConnIdleTime time.Duration
 	// HealthCheckPeriod checks idle connections (default: pgx's minute).
 	HealthCheckPeriod time.Duration
+	// Batch tunes how concurrent Acquire and Complete statements share a
+	// round trip and a commit (on unless Batch.Disabled; see batch.go).
+	Batch BatchOptions
 }
 
 // Store is a PostgreSQL state.Store.
 type Store struct {
-	pool *pgxpool.Pool
+	pool  *pgxpool.Pool
+	batch *batcher // nil when batching is disabled
 }
 
 var _ state.Store = (*Store)(nil)
@@ -110,11 +125,55 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	if opts.HealthCheckPeriod > 0 {
 		cfg.HealthCheckPeriod = opts.HealthCheckPeriod
 	}
+	// Every new connection prepares the statements of the request path
+	// before it is used, so that the first calls on it do not each pay a
+	// Parse/Describe round trip inside their store deadline.
+	cfg.AfterConnect = prepareHotStatements
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, state.Unavailable("create postgres pool", err)
 	}
-	return &Store{pool: pool}, nil
+	s := &Store{pool: pool}
+	if !opts.Batch.Disabled {
+		s.batch = newBatcher(pool, opts.Batch, true)
+	}
+	return s, nil
+}
+
+// hotStatements are prepared on every new connection. Each is prepared
+// under its own text as name: pgx then uses the prepared statement whenever
+// that text is run.
+var hotStatements = []string{acquireSQL, completeSQL, selectSQL, releaseSQL, abandonSQL, takeoverSQL, markUnknownSQL}
+
+func prepareHotStatements(ctx context.Context, conn *pgx.Conn) error {
+	for _, sql := range hotStatements {
+		if _, err := conn.Prepare(ctx, sql, sql); err != nil {
+			return fmt.Errorf("failed to prepare statements: %w", err)
+		}
+	}
+	return nil
+}
+
+// Warm opens connections until the pool holds at least n of them (at most
+// MaxConns), each with the request path's statements prepared, so that the
+// first burst of traffic does not pay for connection set-up inside its store
+// deadline. serve calls it before it reports ready.
+func (s *Store) Warm(ctx context.Context, n int) error {
+	n = min(n, int(s.pool.Config().MaxConns))
+	conns := make([]*pgxpool.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for len(conns) < n {
+		c, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return state.Unavailable("warm the postgres pool", err)
+		}
+		conns = append(conns, c)
+	}
+	return nil
 }
 
 // Pool returns the underlying pool (for tests and diagnostics).
@@ -245,12 +304,30 @@ func (s *Store) get(ctx context.Context, key string) (state.Record, bool, error)
 	return rec, true, nil
 }
 
-// update runs one conditional UPDATE … RETURNING. When it changed nothing
-// it reads the record to say why: absent gives ifAbsent, present gives
-// explain(record).
-func (s *Store) update(ctx context.Context, op, sql string, key string, ifAbsent state.Outcome,
+// queryRecord runs a statement returning one row of recordCols (after an
+// "inserted" column with lead) through the batcher when batched says so and
+// batching is on, else on its own.
+func (s *Store) queryRecord(ctx context.Context, batched bool, key, sql string, lead bool, args ...any) (inserted bool, rec state.Record, err error) {
+	if batched && s.batch != nil {
+		inserted, rec, err = s.batch.query(ctx, key, sql, lead, args...)
+		if !errors.Is(err, errRunAlone) {
+			return inserted, rec, err
+		}
+	}
+	if lead {
+		rec, err = scanRecord(s.pool.QueryRow(ctx, sql, args...), &inserted)
+	} else {
+		rec, err = scanRecord(s.pool.QueryRow(ctx, sql, args...))
+	}
+	return inserted, rec, err
+}
+
+// update runs one conditional UPDATE … RETURNING (through the batcher when
+// batched). When it changed nothing it reads the record to say why: absent
+// gives ifAbsent, present gives explain(record).
+func (s *Store) update(ctx context.Context, batched bool, op, sql string, key string, ifAbsent state.Outcome,
 	explain func(state.Record) state.Outcome, success state.Outcome, args ...any) (state.Answer, error) {
-	rec, err := scanRecord(s.pool.QueryRow(ctx, sql, args...))
+	_, rec, err := s.queryRecord(ctx, batched, key, sql, false, args...)
 	if err == nil {
 		return state.Answer{Outcome: success, Record: rec}, nil
 	}
@@ -278,9 +355,8 @@ func (s *Store) Acquire(ctx context.Context, req state.AcquireRequest) (state.An
 	if err := req.Validate(); err != nil {
 		return state.Answer{}, err
 	}
-	var inserted bool
-	rec, err := scanRecord(s.pool.QueryRow(ctx, acquireSQL, req.Key, req.Scope, req.SubjectTag, req.ParamHash,
-		req.Owner, micros(req.Lease), micros(req.Retention)), &inserted)
+	inserted, rec, err := s.queryRecord(ctx, true, req.Key, acquireSQL, true, req.Key, req.Scope, req.SubjectTag, req.ParamHash,
+		req.Owner, micros(req.Lease), micros(req.Retention))
 	if errors.Is(err, pgx.ErrNoRows) {
 		// A concurrent insert committed after this statement's snapshot:
 		// read the winner with a fresh one.
@@ -327,7 +403,7 @@ func (s *Store) Complete(ctx context.Context, claim state.Claim, c state.Complet
 	if err != nil {
 		return state.Answer{}, err
 	}
-	return s.update(ctx, "complete in postgres", completeSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
+	return s.update(ctx, true, "complete in postgres", completeSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
 		claim.Key, claim.Owner, claim.Fence, string(c.State), status, headers, body, micros(c.Retention), c.Result.Ref)
 }
 
@@ -336,7 +412,7 @@ func (s *Store) Release(ctx context.Context, claim state.Claim) (state.Answer, e
 	if err := claim.Validate(); err != nil {
 		return state.Answer{}, err
 	}
-	return s.update(ctx, "release in postgres", releaseSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
+	return s.update(ctx, false, "release in postgres", releaseSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
 		claim.Key, claim.Owner, claim.Fence)
 }
 
@@ -347,7 +423,7 @@ func (s *Store) Abandon(ctx context.Context, claim state.Claim) (state.Answer, e
 		return state.Answer{}, err
 	}
 	if claim.Fence != 1 {
-		return s.update(ctx, "abandon in postgres", releaseSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
+		return s.update(ctx, false, "abandon in postgres", releaseSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
 			claim.Key, claim.Owner, claim.Fence)
 	}
 	tag, err := s.pool.Exec(ctx, abandonSQL, claim.Key, claim.Owner)
@@ -369,7 +445,7 @@ func (s *Store) MarkUnknown(ctx context.Context, claim state.Claim) (state.Answe
 	if err := claim.Validate(); err != nil {
 		return state.Answer{}, err
 	}
-	return s.update(ctx, "mark unknown in postgres", markUnknownSQL, claim.Key, state.OutcomeNotFound, notOwner, state.OutcomeOK,
+	return s.update(ctx, false, "mark unknown in postgres", markUnknownSQL, claim.Key, state.OutcomeNotFound, notOwner, state.OutcomeOK,
 		claim.Key, claim.Owner, claim.Fence)
 }
 
@@ -378,7 +454,7 @@ func (s *Store) Takeover(ctx context.Context, req state.TakeoverRequest) (state.
 	if err := req.Validate(); err != nil {
 		return state.Answer{}, err
 	}
-	return s.update(ctx, "take over in postgres", takeoverSQL, req.Key, state.OutcomeNotFound, stateOutcome, state.OutcomeAcquired,
+	return s.update(ctx, false, "take over in postgres", takeoverSQL, req.Key, state.OutcomeNotFound, stateOutcome, state.OutcomeAcquired,
 		req.Key, req.NewOwner, req.Fence, micros(req.Lease))
 }
 
@@ -406,7 +482,7 @@ func (s *Store) Resolve(ctx context.Context, key string, c state.Completion) (st
 	if err != nil {
 		return state.Answer{}, err
 	}
-	return s.update(ctx, "resolve in postgres", resolveSQL, key, state.OutcomeNotFound, notOwner, state.OutcomeOK,
+	return s.update(ctx, false, "resolve in postgres", resolveSQL, key, state.OutcomeNotFound, notOwner, state.OutcomeOK,
 		key, string(c.State), status, headers, body, micros(c.Retention), c.Result.Ref)
 }
 
@@ -430,10 +506,22 @@ func (s *Store) Ping(ctx context.Context) error {
 	return state.Unavailable("ping postgres", s.pool.Ping(ctx))
 }
 
-// Close closes the pool.
+// Close stops the batcher (queued calls fail, batches in flight finish)
+// and closes the pool.
 func (s *Store) Close() error {
+	if s.batch != nil {
+		s.batch.close()
+	}
 	s.pool.Close()
 	return nil
+}
+
+// BatchStats reports what the batcher did (zero when batching is off).
+func (s *Store) BatchStats() BatchStats {
+	if s.batch == nil {
+		return BatchStats{}
+	}
+	return s.batch.stats()
 }
 
 // ListFilter selects records for `idemgate ops list`.

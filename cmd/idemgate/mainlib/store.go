@@ -35,7 +35,9 @@ func openStore(ctx context.Context, rt *config.Runtime, metrics *extproc.Metrics
 	obs := metrics.StoreObserver()
 	var pgStore state.Store
 	if p := s.Postgres; p != nil {
-		pg, err := postgres.New(ctx, postgres.Options{DSN: p.DSN.Reveal(), MaxConns: int32(p.MaxConns)})
+		// max_conns 0 takes the package default (see state/postgres for the
+		// sizing); serve keeps more of them warm than the default MinConns.
+		pg, err := postgres.New(ctx, postgres.Options{DSN: p.DSN.Reveal(), MaxConns: int32(p.MaxConns), MinConns: serveMinConns})
 		if err != nil {
 			return nil, fmt.Errorf("failed to set up the PostgreSQL store (DSN from %s): %w", p.DSNSource, err)
 		}
@@ -77,6 +79,13 @@ func openStore(ctx context.Context, rt *config.Runtime, metrics *extproc.Metrics
 	return ss, nil
 }
 
+// serveMinConns is how many PostgreSQL connections serve keeps open and
+// warm: one per batch the write path may have in flight
+// (postgres.DefaultBatchConns) plus two for single statements, so a burst
+// after start or after a quiet spell finds them ready instead of opening
+// connections inside its 250ms store deadline. (Capped by max_conns.)
+const serveMinConns = postgres.DefaultBatchConns + 2
+
 // readiness tracks whether the required store answers (PostgreSQL, or the
 // only store) and whether the process is draining.
 type readiness struct {
@@ -114,8 +123,9 @@ const readinessPingTimeout = 5 * time.Second
 func (r *readiness) watch(ctx context.Context, ss *storeSet, metrics *extproc.Metrics, logger *slog.Logger) {
 	migrated := ss.pg == nil
 	scripts := ss.redis == nil
+	warmed := ss.pg == nil
 	for {
-		ready, reason := r.check(ctx, ss, &migrated, &scripts)
+		ready, reason := r.check(ctx, ss, &migrated, &scripts, &warmed)
 		if r.set(ready, reason) {
 			if ready {
 				logger.Info("store ready", "store", ss.backend)
@@ -137,7 +147,7 @@ func (r *readiness) watch(ctx context.Context, ss *storeSet, metrics *extproc.Me
 	}
 }
 
-func (r *readiness) check(ctx context.Context, ss *storeSet, migrated, scripts *bool) (bool, string) {
+func (r *readiness) check(ctx context.Context, ss *storeSet, migrated, scripts, warmed *bool) (bool, string) {
 	if !*migrated {
 		mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := ss.pg.Migrate(mctx)
@@ -146,6 +156,17 @@ func (r *readiness) check(ctx context.Context, ss *storeSet, migrated, scripts *
 			return false, "postgres migrations not applied: " + err.Error()
 		}
 		*migrated = true
+	}
+	if !*warmed {
+		// Before the first "ready": the pool's warm connections exist and
+		// have the request path's statements prepared.
+		wctx, cancel := context.WithTimeout(ctx, readinessPingTimeout)
+		err := ss.pg.Warm(wctx, serveMinConns)
+		cancel()
+		if err != nil {
+			return false, "postgres connections not open: " + err.Error()
+		}
+		*warmed = true
 	}
 	if !*scripts {
 		lctx, cancel := context.WithTimeout(ctx, readinessPingTimeout)
