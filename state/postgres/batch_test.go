@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgate/idemgate/internal/testutil"
 	"github.com/idemgate/idemgate/state"
 	"github.com/idemgate/idemgate/state/statetest"
 )
@@ -235,4 +236,52 @@ func TestWarmOpensConnections(t *testing.T) {
 	require.GreaterOrEqual(t, s.Pool().Stat().TotalConns(), int32(3))
 	require.NoError(t, s.Warm(t.Context(), 10), "capped by MaxConns")
 	require.LessOrEqual(t, s.Pool().Stat().TotalConns(), int32(4))
+}
+
+// A caller that gives up while its batch runs gets its context error at
+// once, and the connection is not broken for the batch (pgx closes a
+// connection whose own context ends mid-statement; batches run on their
+// own). This is what kept timeouts from turning into a storm of new
+// connections under load.
+func TestCallerTimeoutDoesNotBreakTheConnection(t *testing.T) {
+	s := newStore(t, newDatabase(t))
+	patient(t, s, 2, 10*time.Second)
+	require.NoError(t, s.Warm(t.Context(), 2))
+	before := s.Pool().Stat().NewConnsCount()
+
+	slow := &pending{ctx: t.Context(), key: "00000000000000000000000000000000", sql: "SELECT pg_sleep(0.3)", done: make(chan struct{})}
+	s.batch.queue <- slow
+	key := statetest.NewKey(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := s.Acquire(ctx, statetest.AcquireRequest(key, "o"))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, time.Since(start), 250*time.Millisecond)
+	<-slow.done
+
+	// The statement was sent before the caller left: it committed (the
+	// server's background abandon exists for exactly this claim).
+	rec, found, err := s.Get(t.Context(), key)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, "o", rec.Owner)
+	patient(t, s, 1, time.Millisecond)
+	for i := 0; i < 5; i++ {
+		a, err := s.Acquire(t.Context(), statetest.AcquireRequest(statetest.NewKey(t), "o"))
+		statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
+	}
+	require.Equal(t, before, s.Pool().Stat().NewConnsCount(), "no connection had to be replaced")
+}
+
+// serve opens its pool before the migrations have run: connections opened
+// then still work (statements are prepared on first use instead).
+func TestConnectionsBeforeMigrationWork(t *testing.T) {
+	dsn := testutil.CreateDatabase(t)
+	s := newStore(t, dsn)
+	require.NoError(t, s.Ping(t.Context()))
+	require.NoError(t, s.Warm(t.Context(), 2))
+	require.NoError(t, s.Migrate(t.Context()))
+	a, err := s.Acquire(t.Context(), statetest.AcquireRequest(statetest.NewKey(t), "o"))
+	statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
 }

@@ -55,6 +55,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/state"
@@ -148,11 +149,21 @@ var hotStatements = []string{acquireSQL, completeSQL, selectSQL, releaseSQL, aba
 func prepareHotStatements(ctx context.Context, conn *pgx.Conn) error {
 	for _, sql := range hotStatements {
 		if _, err := conn.Prepare(ctx, sql, sql); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == undefinedTable {
+				// Not migrated yet (serve opens its pool before the
+				// migrations run): the connection is fine, and pgx
+				// prepares each statement on first use instead.
+				return nil
+			}
 			return fmt.Errorf("failed to prepare statements: %w", err)
 		}
 	}
 	return nil
 }
+
+// undefinedTable is SQLSTATE 42P01.
+const undefinedTable = "42P01"
 
 // Warm opens connections until the pool holds at least n of them (at most
 // MaxConns), each with the request path's statements prepared, so that the
