@@ -15,9 +15,9 @@ for i = 2, #ARGV, 2 do
   end
 end
 if (st == 'DONE' or st == 'FAILED') and incoming ~= 'DONE' and incoming ~= 'FAILED' then
-  return reply('KEPT', key, now)
+  return reply('KEPT', nil, now)
 end
 redis.call('DEL', key)
 redis.call('HSET', key, unpack(ARGV, 2))
 redis.call('PEXPIRE', key, ARGV[1])
-return reply('OK', key, now)
+return reply('OK', nil, now)
