@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemgate/idemgate/internal/testutil"
 	"github.com/idemgate/idemgate/state"
+	"github.com/idemgate/idemgate/state/internal/batch"
 	"github.com/idemgate/idemgate/state/statetest"
 )
 
@@ -19,7 +20,7 @@ import (
 func patient(t *testing.T, s *Store, n int, wait time.Duration) {
 	t.Helper()
 	s.batch.close()
-	s.batch = newBatcher(s.pool, BatchOptions{MaxItems: n, MaxWait: wait, Conns: 1}, false)
+	s.batch = newBatcher(s.pool, BatchOptions{MaxItems: n, MaxWait: wait, Conns: 1}, true)
 }
 
 type call struct {
@@ -160,11 +161,11 @@ func TestFailingBatchFallsBackToSingleStatements(t *testing.T) {
 	// Two statements that do not come from callers: an insert sent first
 	// (lowest key) that succeeds inside the batch, and one that fails last.
 	rolledBack := "00000000000000000000000000000000"
-	first := &pending{ctx: ctx, key: rolledBack, sql: acquireSQL, lead: true, done: make(chan struct{}),
-		args: []any{rolledBack, "s", "u", "p", "raw", micros(time.Minute), micros(time.Hour)}}
-	failing := &pending{ctx: ctx, key: "ffffffffffffffffffffffffffffffff", sql: "SELECT 1/0", done: make(chan struct{})}
-	s.batch.queue <- first
-	s.batch.queue <- failing
+	first := batch.NewCall[stmt, row](ctx, stmt{key: rolledBack, sql: acquireSQL, lead: true,
+		args: []any{rolledBack, "s", "u", "p", "raw", micros(time.Minute), micros(time.Hour)}})
+	failing := batch.NewCall[stmt, row](ctx, stmt{key: "ffffffffffffffffffffffffffffffff", sql: "SELECT 1/0"})
+	require.NoError(t, s.batch.q.Enqueue(first))
+	require.NoError(t, s.batch.q.Enqueue(failing))
 
 	a, b := statetest.NewKey(t), statetest.NewKey(t)
 	out := runTogether(t, []call{
@@ -177,10 +178,10 @@ func TestFailingBatchFallsBackToSingleStatements(t *testing.T) {
 	})
 	require.Equal(t, state.OutcomeAcquired, out["a"].Outcome)
 	require.Equal(t, state.OutcomeAcquired, out["b"].Outcome)
-	<-first.done
-	<-failing.done
-	require.ErrorIs(t, first.err, errRunAlone)
-	require.ErrorIs(t, failing.err, errRunAlone)
+	_, err := first.Wait()
+	require.ErrorIs(t, err, errRunAlone)
+	_, err = failing.Wait()
+	require.ErrorIs(t, err, errRunAlone)
 	_, found, err := s.Get(ctx, rolledBack)
 	require.NoError(t, err)
 	require.False(t, found, "the batch was rolled back as a whole")
@@ -249,8 +250,8 @@ func TestCallerTimeoutDoesNotBreakTheConnection(t *testing.T) {
 	require.NoError(t, s.Warm(t.Context(), 2))
 	before := s.Pool().Stat().NewConnsCount()
 
-	slow := &pending{ctx: t.Context(), key: "00000000000000000000000000000000", sql: "SELECT pg_sleep(0.3)", done: make(chan struct{})}
-	s.batch.queue <- slow
+	slow := batch.NewCall[stmt, row](t.Context(), stmt{key: "00000000000000000000000000000000", sql: "SELECT pg_sleep(0.3)"})
+	require.NoError(t, s.batch.q.Enqueue(slow))
 	key := statetest.NewKey(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
@@ -258,7 +259,7 @@ func TestCallerTimeoutDoesNotBreakTheConnection(t *testing.T) {
 	_, err := s.Acquire(ctx, statetest.AcquireRequest(key, "o"))
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(start), 250*time.Millisecond)
-	<-slow.done
+	_, _ = slow.Wait()
 
 	// The statement was sent before the caller left: it committed (the
 	// server's background abandon exists for exactly this claim).

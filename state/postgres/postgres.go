@@ -136,7 +136,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	}
 	s := &Store{pool: pool}
 	if !opts.Batch.Disabled {
-		s.batch = newBatcher(pool, opts.Batch, true)
+		s.batch = newBatcher(pool, opts.Batch, false)
 	}
 	return s, nil
 }

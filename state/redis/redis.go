@@ -80,6 +80,9 @@ type Options struct {
 	DialTimeout  time.Duration
 	ReadTimeout  time.Duration
 	WriteTimeout time.Duration
+	// Batch tunes how script calls that arrive together share a pipeline
+	// (on unless Batch.Disabled; see pipeline.go).
+	Batch BatchOptions
 }
 
 // Store is a Redis state.Store.
@@ -87,6 +90,7 @@ type Store struct {
 	c          goredis.UniversalClient
 	prefix     string
 	ownsClient bool
+	pipe       *pipeliner // nil when pipelining is disabled
 }
 
 var _ state.Store = (*Store)(nil)
@@ -178,7 +182,7 @@ func New(opts Options) (*Store, error) {
 	default:
 		return nil, fmt.Errorf("%w: unknown redis mode %q (single, cluster or sentinel)", state.ErrInvalidArgument, opts.Mode)
 	}
-	s := NewFromClient(goredis.NewUniversalClient(u), opts.KeyPrefix)
+	s := newStore(goredis.NewUniversalClient(u), opts.KeyPrefix, opts.Batch)
 	s.ownsClient = true
 	return s, nil
 }
@@ -188,10 +192,18 @@ func New(opts Options) (*Store, error) {
 // MaxRetries -1 and ContextTimeoutEnabled, for the reasons in the package
 // doc.
 func NewFromClient(c goredis.UniversalClient, keyPrefix string) *Store {
+	return newStore(c, keyPrefix, BatchOptions{})
+}
+
+func newStore(c goredis.UniversalClient, keyPrefix string, batch BatchOptions) *Store {
 	if keyPrefix == "" {
 		keyPrefix = DefaultKeyPrefix
 	}
-	return &Store{c: c, prefix: keyPrefix}
+	s := &Store{c: c, prefix: keyPrefix}
+	if !batch.Disabled {
+		s.pipe = newPipeliner(c, batch)
+	}
+	return s
 }
 
 // Client returns the underlying client.
@@ -212,7 +224,15 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 }
 
 func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key string, args ...any) (reply, error) {
-	v, err := sc.Run(ctx, s.c, []string{s.Key(key)}, args...).Result()
+	var (
+		v   any
+		err error
+	)
+	if s.pipe != nil {
+		v, err = s.pipe.run(ctx, sc, s.Key(key), args...)
+	} else {
+		v, err = sc.Run(ctx, s.c, []string{s.Key(key)}, args...).Result()
+	}
 	if err != nil {
 		return reply{}, state.Unavailable(op, err)
 	}
@@ -387,12 +407,25 @@ func (s *Store) Ping(ctx context.Context) error {
 	return state.Unavailable("ping redis", s.c.Ping(ctx).Err())
 }
 
-// Close closes the client unless it was borrowed (NewFromClient).
+// Close stops the pipelining (queued calls fail, pipelines in flight
+// finish) and closes the client unless it was borrowed (NewFromClient).
 func (s *Store) Close() error {
+	if s.pipe != nil {
+		s.pipe.close()
+	}
 	if !s.ownsClient {
 		return nil
 	}
 	return s.c.Close()
+}
+
+// BatchStats reports how many pipelines carried how many calls.
+func (s *Store) BatchStats() (pipelines, calls uint64) {
+	if s.pipe == nil {
+		return 0, 0
+	}
+	st := s.pipe.q.Stats()
+	return st.Batches, st.Calls
 }
 
 // Repair overwrites the key with rec, a record copied from PostgreSQL, and
