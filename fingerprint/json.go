@@ -267,7 +267,10 @@ func (p *jsonParser) scanNumber() error {
 
 // string parses a JSON string starting at the opening quote.
 func (p *jsonParser) string() (string, error) {
-	b, err := p.stringBytes()
+	// Escaped or non-ASCII text is decoded into scratch, which stays on
+	// the stack: the string conversion is the only allocation.
+	var scratch [64]byte
+	b, err := p.stringInto(scratch[:0])
 	if err != nil {
 		return "", err
 	}
@@ -278,7 +281,10 @@ func (p *jsonParser) string() (string, error) {
 // its decoded bytes. Without escapes or non-ASCII bytes (the common case)
 // that is a slice of the input, so nothing is copied; callers that keep it
 // convert it to a string.
-func (p *jsonParser) stringBytes() ([]byte, error) {
+func (p *jsonParser) stringBytes() ([]byte, error) { return p.stringInto(nil) }
+
+// stringInto is stringBytes decoding escaped or non-ASCII text into buf.
+func (p *jsonParser) stringInto(buf []byte) ([]byte, error) {
 	p.pos++ // opening quote
 	start := p.pos
 	// Fast path: printable ASCII without escapes needs no copy-and-decode.
@@ -292,7 +298,6 @@ func (p *jsonParser) stringBytes() ([]byte, error) {
 			break
 		}
 	}
-	buf := make([]byte, 0, 16)
 	for {
 		if p.pos >= len(p.data) {
 			return nil, p.fail("unterminated string")
