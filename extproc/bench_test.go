@@ -10,7 +10,7 @@ import (
 
 func BenchmarkPassThrough(b *testing.B) {
 	e := newEnv(b, nil, nil)
-	d := fakeDialer{srv: e.srv}
+	d := fakeDialer{srv: e.srv, shareReplies: true}
 	b.ReportAllocs()
 	for b.Loop() {
 		s := d.open(b)
@@ -22,7 +22,7 @@ func BenchmarkPassThrough(b *testing.B) {
 
 func BenchmarkPreview(b *testing.B) {
 	e := newEnv(b, nil, nil)
-	d := fakeDialer{srv: e.srv}
+	d := fakeDialer{srv: e.srv, shareReplies: true}
 	req := post("/v1/transfers/preview", "alice", transferBody(`"100.00"`, "EUR", "DE89", ""))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -32,7 +32,7 @@ func BenchmarkPreview(b *testing.B) {
 
 func BenchmarkConfirmReplay(b *testing.B) {
 	e := newEnv(b, nil, nil)
-	d := fakeDialer{srv: e.srv}
+	d := fakeDialer{srv: e.srv, shareReplies: true}
 	fp := preview(b, d, "alice", `1`)
 	req := post("/v1/transfers/confirm", "alice", transferBody(`1`, "EUR", "DE89", fp))
 	do(b, d, req, newPayments().handle)

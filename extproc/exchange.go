@@ -56,6 +56,10 @@ type exchange struct {
 	// waitedAbandon: this stream already waited once for a background
 	// abandon of the claim it found (see waitForAbandon).
 	waitedAbandon bool
+	// lent, lentMore: pooled buffers the reply being sent is built in (a
+	// reply needs one; the slice is for any beyond that).
+	lent     *[]byte
+	lentMore []*[]byte
 	// The upstream response, once its headers arrived.
 	respStatus  int
 	respHeaders []state.Header
@@ -273,7 +277,9 @@ func (ex *exchange) envelope(m envelope.Message, originalStatus int, x envelope.
 	if ex.op != nil && ex.op.Envelopes != nil {
 		set = ex.op.Envelopes
 	}
-	r := set.Render(m, ex.traceID, originalStatus, x)
+	buf := ex.buffer()
+	r := set.RenderTo(*buf, m, ex.traceID, originalStatus, x)
+	keep(buf, r.Body)
 	ex.decision(r.Status)
 	return envelopeReply(r, extra...)
 }

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/security"
@@ -268,6 +269,7 @@ type fakeServerStream struct {
 	out      chan *extprocv3.ProcessingResponse
 	sendErr  atomic.Pointer[error]
 	received atomic.Int32
+	share    bool
 }
 
 func (f *fakeServerStream) Context() context.Context { return f.ctx }
@@ -285,9 +287,14 @@ func (f *fakeServerStream) Recv() (*extprocv3.ProcessingRequest, error) {
 	}
 }
 
+// Send hands the client a copy of resp, as gRPC does by serialising it: the
+// server may reuse a reply's memory once Send returned.
 func (f *fakeServerStream) Send(resp *extprocv3.ProcessingResponse) error {
 	if p := f.sendErr.Load(); p != nil {
 		return *p
+	}
+	if !f.share {
+		resp = proto.Clone(resp).(*extprocv3.ProcessingResponse)
 	}
 	select {
 	case f.out <- resp:
@@ -355,13 +362,20 @@ func (c *fakeClient) wait(t testing.TB) error {
 	}
 }
 
-type fakeDialer struct{ srv *Server }
+type fakeDialer struct {
+	srv *Server
+	// shareReplies hands the client the server's reply itself instead of a
+	// copy: only for benchmarks, which are sequential and read each reply
+	// before the next request (so their allocation counts are the server's
+	// and the harness's, not a copy's).
+	shareReplies bool
+}
 
 func (d fakeDialer) open(t testing.TB) clientStream { return d.openFake(t) }
 
 func (d fakeDialer) openFake(t testing.TB) *fakeClient {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &fakeServerStream{ctx: ctx, in: make(chan *extprocv3.ProcessingRequest, 4), out: make(chan *extprocv3.ProcessingResponse, 4)}
+	s := &fakeServerStream{ctx: ctx, in: make(chan *extprocv3.ProcessingRequest, 4), out: make(chan *extprocv3.ProcessingResponse, 4), share: d.shareReplies}
 	c := &fakeClient{s: s, cancel: cancel, done: make(chan error, 1)}
 	go func() { c.done <- d.srv.Process(s) }()
 	t.Cleanup(cancel)

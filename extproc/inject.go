@@ -20,6 +20,12 @@ type field struct {
 // the top level; nested values are skipped, never decoded. ok is false when
 // body is not a single valid JSON object.
 func injectFields(body []byte, fields ...field) (out []byte, ok bool) {
+	return injectFieldsInto(nil, body, fields...)
+}
+
+// injectFieldsInto is injectFields writing the result into dst's memory
+// when it is large enough (a pooled buffer).
+func injectFieldsInto(dst, body []byte, fields ...field) (out []byte, ok bool) {
 	if !json.Valid(body) {
 		return nil, false
 	}
@@ -62,7 +68,10 @@ func injectFields(body []byte, fields ...field) (out []byte, ok bool) {
 	for _, f := range fields {
 		size += len(f.name) + len(f.value) + 8
 	}
-	out = make([]byte, 0, size)
+	out = dst[:0]
+	if cap(out) < size {
+		out = make([]byte, 0, size)
+	}
 	if !replaced {
 		// Common case: splice the new members in before the closing brace.
 		out = append(out, body[:closeAt]...)

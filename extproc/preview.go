@@ -78,7 +78,11 @@ func (ex *exchange) previewResponseBody(body []byte) (*extprocv3.ProcessingRespo
 	headers := make([]*corev3.HeaderValueOption, 1, 2)
 	headers[0] = setHeader(hdrFingerprint, []byte(token))
 	expires := expiresAt.Format(time.RFC3339)
-	out, ok := injectFields(body, field{ex.op.FingerprintField, token}, field{ex.op.ExpiresAtField, expires})
+	buf := ex.buffer()
+	out, ok := injectFieldsInto(*buf, body, field{ex.op.FingerprintField, token}, field{ex.op.ExpiresAtField, expires})
+	if ok {
+		keep(buf, out)
+	}
 	if !ok {
 		ex.logger().Warn("preview response body is not a JSON object; the fingerprint is sent in the Idempotency-Fingerprint header only",
 			"content_length", len(body))

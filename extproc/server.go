@@ -68,6 +68,7 @@ type Server struct {
 	instance string
 	owners   atomic.Uint64
 	abandons *abandoner
+	buffers  bufferPool
 
 	storeTimeout time.Duration
 }
@@ -139,6 +140,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	// Whatever ends the stream, a record this stream acquired is settled
 	// before Process returns (DESIGN section 8: within one second).
 	defer ex.finish()
+	defer ex.releaseBuffers()
 	for {
 		req, err := stream.Recv()
 		if err != nil {
@@ -149,7 +151,10 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		}
 		resp, end := ex.handleSafely(req)
 		if resp != nil {
-			if err := stream.Send(resp); err != nil {
+			err := stream.Send(resp)
+			// Send serialised the reply: its buffers are free again.
+			ex.releaseBuffers()
+			if err != nil {
 				ex.replyFailed()
 				if status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
 					return nil

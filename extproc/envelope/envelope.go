@@ -314,13 +314,22 @@ type Rendered struct {
 // fields. originalStatus is the HTTP status for replays (messages whose spec
 // has HTTPStatus 0) and is ignored otherwise.
 func (s *Set) Render(m Message, traceID string, originalStatus int, x Extra) Rendered {
+	return s.RenderTo(nil, m, traceID, originalStatus, x)
+}
+
+// RenderTo is Render writing the body into dst's memory when it is large
+// enough (a pooled buffer the caller reuses once the body is sent).
+func (s *Set) RenderTo(dst []byte, m Message, traceID string, originalStatus int, x Extra) Rendered {
 	slot, ok := slots[m]
 	if !ok {
 		slot = slots[InternalError]
 	}
 	spec := s.spec[slot]
 	prefix := s.prefix[slot]
-	b := make([]byte, 0, len(prefix)+64+len(traceID)+len(x.Result)+len(x.ResultRef))
+	b := dst[:0]
+	if need := len(prefix) + 64 + len(traceID) + len(x.Result) + len(x.ResultRef); cap(b) < need {
+		b = make([]byte, 0, need)
+	}
 	b = append(b, prefix...)
 	if len(x.ChangedFields) > 0 {
 		b = append(b, `,"changed_fields":[`...)
