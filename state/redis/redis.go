@@ -34,6 +34,8 @@
 //   - Every script answers one shape, {outcome, now_us, field, value, ...},
 //     decoded by one function with checked type assertions: an unexpected
 //     reply is an error, never a panic.
+//   - Script calls that arrive together share one pipeline (pipeline.go):
+//     one write and one read for many calls instead of one each.
 package redis
 
 import (
