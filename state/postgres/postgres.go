@@ -17,6 +17,13 @@
 //   - idem_key is char(32) and every query compares it with $1::char(32): a
 //     text parameter would compare as text and skip the primary-key index
 //     (measured ~15x slower); a test EXPLAINs the lookup to keep it so.
+//   - Do not ANALYZE the table while it is empty (say, after a TRUNCATE):
+//     with statistics of an empty table PostgreSQL plans key lookups as
+//     sequential scans, and the cached plans of every connection keep
+//     scanning the growing table until autovacuum analyzes it again. (The
+//     load benchmark did exactly that between scenarios and measured every
+//     later scenario on scanning plans.) Forcing custom plans instead costs
+//     a plan per statement, which halved confirm throughput when measured.
 //   - Unresolved records (IN_FLIGHT, UNKNOWN) are never swept: they wait for
 //     a person (`idemgate ops list/resolve`). Sweep deletes only terminal
 //     records past expires_at, in bounded batches with FOR UPDATE SKIP LOCKED
