@@ -37,7 +37,8 @@ func injectFieldsInto(dst, body []byte, fields ...field) (out []byte, ok bool) {
 	i++
 	// Spans [start, end) of the members to keep, in order.
 	type span struct{ start, end int }
-	var keep []span
+	var keepSpace [32]span // on the stack for bodies of up to 32 members
+	keep := keepSpace[:0]
 	replaced := false
 	closeAt := -1
 	for closeAt < 0 {
