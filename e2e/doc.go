@@ -33,10 +33,6 @@
 // idemgate and of the front are printed only for a failed test. The whole
 // package takes about a minute on two cores with -race, plus the build.
 //
-// A test that shows a bug found in another package skips naming the bug;
-// IDEMGATE_E2E_KNOWN_BUGS=1 runs it (and shows it failing until the bug is
-// fixed).
-//
 // The suite is not behind a build tag (house style rule 40 has
 // //go:build e2e): issue 5 asks for it to run under make test, which is
 // go test ./... without tags. It skips under -short instead.

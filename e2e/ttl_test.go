@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"net/http"
-	"os"
 	"testing"
 	"time"
 
@@ -60,21 +59,6 @@ func sleepUntil(t time.Time) {
 	}
 }
 
-// bugExpiredAfterExecution is an idemgate bug this suite found; the test
-// that shows it skips naming it unless IDEMGATE_E2E_KNOWN_BUGS=1.
-const bugExpiredAfterExecution = "idemgate bug: a confirm with an expired fingerprint whose operation already ran is answered " +
-	"410 fingerprint_expired (\"Nothing was executed ... ask the user to confirm again\") instead of replaying the result " +
-	"(extproc checks exp before reading the record)"
-
-// skipKnownBug skips a test that shows a known bug, unless
-// IDEMGATE_E2E_KNOWN_BUGS=1.
-func skipKnownBug(t *testing.T, bug string) {
-	t.Helper()
-	if os.Getenv("IDEMGATE_E2E_KNOWN_BUGS") != "1" {
-		t.Skip(bug + " (IDEMGATE_E2E_KNOWN_BUGS=1 runs this test)")
-	}
-}
-
 // TestLateRetryAfterExpiryReplaysTheResult: an agent whose workflow stalled
 // (or whose context was compacted) comes back after the fingerprint expired
 // and confirms again with the same fingerprint. The transfer already ran.
@@ -83,7 +67,6 @@ func skipKnownBug(t *testing.T, bug string) {
 // was executed, ask the user to confirm again", which leads the agent to a
 // second preview, a second confirmation and a second payment.
 func TestLateRetryAfterExpiryReplaysTheResult(t *testing.T) {
-	skipKnownBug(t, bugExpiredAfterExecution)
 	s := startStack(t, stack.Options{FingerprintTTL: 2 * time.Second})
 	alice := s.Agent("alice")
 	p := preview(t, alice, transfer("10.00", "acct_heidi", "coffee"))

@@ -68,12 +68,48 @@ func (ex *exchange) confirmRequest(body []byte, headersOnly bool) (*extprocv3.Pr
 	// foreign or expired fingerprint is the more important answer.
 	claims, err := ex.srv.cfg.Keys.Verify(token, expect, ex.srv.now())
 	if err != nil {
+		if reason, _ := fingerprint.ReasonOf(err); reason == fingerprint.ReasonExpired && selectErr == nil {
+			return ex.expired(token, expect, headersOnly)
+		}
 		return ex.verifyFailed(err, claims, false), true
 	}
 	if selectErr != nil {
 		return ex.envelope(envelope.InvalidParams, 0, envelope.Extra{Detail: selectErr.Error()}), true
 	}
 	return ex.acquire(claims, headersOnly)
+}
+
+// expired answers a confirm whose fingerprint is past its expiry. It can no
+// longer start anything, but an agent that comes back late (a stalled
+// workflow, a compacted context) must learn what its earlier confirm did,
+// not be told "nothing was executed, confirm again" — that is how a second
+// payment happens, and it is what ttl.terminal outliving ttl.fingerprint is
+// for. So the rest of the token is verified as usual (MAC, scope, subject,
+// params) and the record decides: a terminal record is replayed, one in
+// flight or unknown is answered as such; only when nothing was ever
+// acquired is the answer fingerprint_expired. This departs from DESIGN
+// section 8's order (expiry before the store) on purpose.
+func (ex *exchange) expired(token string, expect fingerprint.Expect, headersOnly bool) (*extprocv3.ProcessingResponse, bool) {
+	expect.AllowExpired = true
+	claims, err := ex.srv.cfg.Keys.Verify(token, expect, ex.srv.now())
+	if err != nil {
+		return ex.verifyFailed(err, claims, false), true
+	}
+	ctx, cancel := ex.srv.storeContext(ex.ctx)
+	rec, found, err := ex.srv.store.Get(ctx, claims.Nonce)
+	cancel()
+	if err != nil {
+		// "Expired, nothing was executed" may be false: say nothing definite.
+		return ex.storeFailed("get", err), true
+	}
+	if !found {
+		return ex.envelope(envelope.FingerprintExpired, 0, envelope.Extra{}), true
+	}
+	if rec.ParamHash != claims.ParamHash {
+		ex.securityEvent(security.ReasonStoreParamMismatch, claims, nil)
+		return ex.envelope(envelope.ParamsChanged, 0, envelope.Extra{}), true
+	}
+	return ex.answer(state.Answer{Outcome: state.OutcomeOf(rec.State), Record: rec}, claims, ex.srv.newOwner(), headersOnly, 0)
 }
 
 // verifyFailed answers a rejected fingerprint and reports security events.

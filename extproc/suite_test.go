@@ -252,6 +252,29 @@ func runSuite(t *testing.T, e *env, d dialer) {
 		requireEnvelope(t, res, 200, "not_started", false)
 	})
 
+	t.Run("an expired fingerprint whose confirm already ran is replayed, not refused", func(t *testing.T) {
+		// An agent that comes back after ttl.fingerprint must learn what its
+		// confirm did; "expired, nothing was executed" would send it to a
+		// second preview and a second payment.
+		p := newPayments()
+		fp := preview(t, d, alice, `13`)
+		nonce := e.claimsOf(t, fp, alice, "payments.transfer").Nonce
+		res := do(t, d, confirm(alice, transferBody(`13`, "EUR", "DE89", fp)), p.handle)
+		require.Equal(t, 201, res.status)
+		require.Eventually(t, func() bool { rec, _ := e.record(t, nonce); return rec.State == state.StateDone }, 5*time.Second, 10*time.Millisecond)
+		e.clock.Advance(15*time.Minute + time.Second)
+
+		res = do(t, d, confirm(alice, transferBody(`13`, "EUR", "DE89", fp)), neverCalled(t))
+		body := requireEnvelope(t, res, 201, "already_completed", false)
+		require.Equal(t, "tr_1", body["result_ref"])
+		require.Equal(t, 1, p.Executions())
+		// Expired is still expired for anything else: other params, another user.
+		res = do(t, d, confirm(alice, transferBody(`14`, "EUR", "DE89", fp)), neverCalled(t))
+		requireEnvelope(t, res, 422, "params_changed", false)
+		res = do(t, d, confirm(bob, transferBody(`13`, "EUR", "DE89", fp)), neverCalled(t))
+		requireEnvelope(t, res, 403, "fingerprint_subject_mismatch", false)
+	})
+
 	t.Run("fingerprint_subject_mismatch is a security event", func(t *testing.T) {
 		fp := preview(t, d, alice, `11`)
 		res := do(t, d, confirm(bob, transferBody(`11`, "EUR", "DE89", fp)), neverCalled(t))
