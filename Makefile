@@ -56,9 +56,9 @@ lint: ## go vet and a gofmt check.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: check-config
-check-config: ## Validate every idemgate config shipped in the repository.
-	@for f in $$(git ls-files '*idemgate*.yaml' | grep -v testdata); do \
-		echo "== $$f"; IDEMGATE_KEY_K1=$$($(GO) run ./cmd/idemgate keygen) $(GO) run ./cmd/idemgate check-config --config $$f || exit 1; done
+check-config: ## Validate every idemgate config shipped in the repository (secrets named, not read).
+	@for f in $$(git ls-files '*idemgate.yaml' | grep -v testdata); do \
+		$(GO) run ./cmd/idemgate check-config --offline --config $$f >/dev/null || exit 1; echo "ok   $$f"; done
 
 .PHONY: clean
 clean: ## Remove build output.

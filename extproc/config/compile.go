@@ -104,8 +104,16 @@ func (c *compiler) duration(path []any, s string, def time.Duration, allowZero b
 
 // secret reads a value from an environment variable or a file; exactly one
 // of env and file must be given unless both may be empty (optional). what
-// names the secret in messages. It never puts the value in a message.
-func (c *compiler) secret(path []any, what, envKey, env, fileKey, file string, optional bool) (value, source string, ok bool) {
+// names the secret in messages. It never puts the value in a message. With
+// Options.Offline the reference is checked but not followed, and stand-in
+// (a well-formed value that is never a real secret) is returned instead.
+func (c *compiler) secret(path []any, what, envKey, env, fileKey, file string, optional bool, standIn string) (value, source string, ok bool) {
+	if c.opts.Offline && (env == "") != (file == "") {
+		if env != "" {
+			return standIn, "env " + env + " (not read: offline check)", true
+		}
+		return standIn, "file " + file + " (not read: offline check)", true
+	}
 	switch {
 	case env != "" && file != "":
 		c.errorf(path, "set only one of %s and %s", envKey, fileKey)
@@ -258,7 +266,7 @@ func (c *compiler) signing(s *Signing) (*fingerprint.KeyRing, map[string]string)
 			ok = false
 			continue
 		}
-		text, from, found := c.secret(path, "signing key", "env", src.Env, "file", src.File, false)
+		text, from, found := c.secret(path, "signing key", "env", src.Env, "file", src.File, false, offlineKey)
 		if !found {
 			ok = false
 			continue
@@ -376,7 +384,7 @@ func (c *compiler) store(s Store) StoreSettings {
 				c.errorf(p("store", "redis", "db"), "Redis Cluster only has db 0")
 			}
 		}
-		if pw, _, ok := c.secret(p("store", "redis"), "Redis password", "password_env", r.PasswordEnv, "password_file", r.PasswordFile, true); ok {
+		if pw, _, ok := c.secret(p("store", "redis"), "Redis password", "password_env", r.PasswordEnv, "password_file", r.PasswordFile, true, "offline"); ok {
 			rs.Password = NewSecret(pw)
 		}
 		rs.Timeout = c.duration(p("store", "redis", "timeout"), r.Timeout, DefaultRedisTimeout, false)
@@ -399,7 +407,7 @@ func (c *compiler) store(s Store) StoreSettings {
 		case pg.DSN != "":
 			ps.DSN, ps.DSNSource = NewSecret(pg.DSN), "inline"
 		default:
-			if v, from, ok := c.secret(p("store", "postgres"), "PostgreSQL DSN", "dsn_env", pg.DSNEnv, "dsn_file", pg.DSNFile, false); ok {
+			if v, from, ok := c.secret(p("store", "postgres"), "PostgreSQL DSN", "dsn_env", pg.DSNEnv, "dsn_file", pg.DSNFile, false, "postgres://offline@localhost/offline"); ok {
 				ps.DSN, ps.DSNSource = NewSecret(v), from
 			}
 		}

@@ -100,3 +100,25 @@ func TestSummary(t *testing.T) {
 	require.Contains(t, b.String(), "    confirm  POST /v1/transfers/confirm  sends idempotency-key, replay envelope\n")
 	require.Contains(t, b.String(), "    confirm  POST /v1/accounts/{account}/payouts/confirm  downstream ignores keys, replay raw\n")
 }
+
+func TestOfflineChecksReferencesWithoutReadingSecrets(t *testing.T) {
+	nothing := Options{
+		LookupEnv: func(string) (string, bool) { return "", false },
+		ReadFile:  func(name string) ([]byte, error) { return nil, fmt.Errorf("read %s: no such file", name) },
+	}
+	_, _, err := Load("testdata/good.yaml", nothing)
+	require.ErrorContains(t, err, "environment variable IDEMGATE_TEST_KEY_K1 (the signing key) is not set")
+
+	offline := nothing
+	offline.Offline = true
+	rt, warns, err := Load("testdata/good.yaml", offline)
+	require.NoError(t, err)
+	require.Empty(t, warns)
+	require.Equal(t, "env IDEMGATE_TEST_PG_DSN (not read: offline check)", rt.Store.Postgres.DSNSource)
+	require.Equal(t, "file keys/k0 (not read: offline check)", rt.KeySources["k0"])
+
+	// A malformed reference is still an error offline.
+	_, _, err = Parse("both.yaml", []byte("signing: {active_key: k1, keys: {k1: {env: A, file: b}}}\n"+
+		"operations: []\n"), "", offline)
+	require.ErrorContains(t, err, "set only one of env and file")
+}

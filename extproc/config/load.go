@@ -16,7 +16,16 @@ import (
 type Options struct {
 	LookupEnv func(string) (string, bool)
 	ReadFile  func(string) ([]byte, error)
+	// Offline checks references to secrets (signing keys, the PostgreSQL
+	// DSN, the Redis password) without reading them, for checking a config
+	// where its secrets do not exist (CI, a config repository). The runtime
+	// it returns carries stand-ins and must not be served.
+	Offline bool
 }
+
+// offlineKey is the stand-in signing key of an offline check: well-formed,
+// 32 bytes, and known to everyone, so never usable.
+const offlineKey = "b2ZmbGluZS1jaGVjay1zdGFuZC1pbi1rZXktbm90LXJlYWw="
 
 func (o Options) withDefaults() Options {
 	if o.LookupEnv == nil {

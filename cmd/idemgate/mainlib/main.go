@@ -24,9 +24,9 @@ const usage = `idemgate — exactly-once execution for money-moving API calls ma
 (an Envoy ext_proc server).
 
 Usage:
-  idemgate serve --config FILE [--grpc-listen ADDR] [--admin-listen ADDR]
+  idemgate serve --config FILE [--grpc-listen ADDR] [--admin-listen ADDR] [--pprof]
       Serve ext_proc (gRPC) and the admin endpoints (/metrics /healthz /readyz).
-  idemgate check-config --config FILE
+  idemgate check-config --config FILE [--offline]
       Check a config file: list every problem, or print a summary.
   idemgate keygen
       Print a new signing key (base64 of 32 random bytes) for IDEMGATE_KEY_*.
