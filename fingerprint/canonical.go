@@ -134,7 +134,7 @@ func (c *canonicalizer) string(s string) error {
 	if c.limit > 0 && len(c.buf)+len(s)+2 > c.limit {
 		return fmt.Errorf("%w (limit %d bytes)", ErrTooLarge, c.limit)
 	}
-	c.buf = appendQuoted(c.buf, norm.NFC.String(s))
+	c.buf = AppendJSONString(c.buf, norm.NFC.String(s))
 	return c.checkSize()
 }
 
@@ -169,7 +169,7 @@ func (c *canonicalizer) object(obj map[string]any, depth int) error {
 			}
 			c.buf = append(c.buf, ',')
 		}
-		c.buf = appendQuoted(c.buf, m.key)
+		c.buf = AppendJSONString(c.buf, m.key)
 		c.buf = append(c.buf, ':')
 		if err := c.value(m.value, depth); err != nil {
 			return err
@@ -230,12 +230,15 @@ func jsonKind(v any) string {
 
 const hexDigits = "0123456789abcdef"
 
-// appendQuoted writes s (valid UTF-8) as a JSON string with the escaping of
-// Go's encoding/json when HTML escaping is off: '"' and '\\' escaped with a
+// AppendJSONString appends s as a JSON string with the escaping of Go's
+// encoding/json when HTML escaping is off: '"' and '\\' escaped with a
 // backslash; \b \f \n \r \t in short form; every other byte below 0x20 as
-// \u00xx with lower-case hex; U+2028 and U+2029 as \u2028 and \u2029;
+// \u00xx with lower-case hex; U+2028 and U+2029 as \u2028 and \u2029
+// (valid JSON, but they break JavaScript readers); invalid UTF-8 as \ufffd;
 // everything else (DEL, '<', '>', '&', all other non-ASCII) written as is.
-func appendQuoted(buf []byte, s string) []byte {
+// The canonical form only ever passes valid UTF-8 (ParseJSON refuses the
+// rest); the server writes the JSON it builds itself with it too.
+func AppendJSONString(buf []byte, s string) []byte {
 	buf = append(buf, '"')
 	start := 0
 	for i := 0; i < len(s); {
@@ -267,6 +270,13 @@ func appendQuoted(buf []byte, s string) []byte {
 			continue
 		}
 		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			buf = append(buf, s[start:i]...)
+			buf = append(buf, `\ufffd`...)
+			i++
+			start = i
+			continue
+		}
 		if r == '\u2028' || r == '\u2029' {
 			buf = append(buf, s[start:i]...)
 			buf = append(buf, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])

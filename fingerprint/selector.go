@@ -128,7 +128,7 @@ func compileParam(p Param) (compiledParam, error) {
 	if slices.Contains(segments, "") {
 		return bad("empty path segment")
 	}
-	cp := compiledParam{Param: p, key: appendQuoted(nil, p.Path)}
+	cp := compiledParam{Param: p, key: AppendJSONString(nil, p.Path)}
 	if strings.HasPrefix(p.Path, pathVarPrefix) {
 		if len(segments) != 2 {
 			return bad(`"path.<name>" takes a single variable name`)

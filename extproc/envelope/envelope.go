@@ -258,16 +258,16 @@ func ceilSeconds(d time.Duration) int64 {
 func renderPrefix(spec Spec, t Text, op Operation) []byte {
 	b := make([]byte, 0, 256+len(t.Meaning)+len(t.Instruction))
 	b = append(b, `{"status":`...)
-	b = appendString(b, spec.Status)
+	b = AppendString(b, spec.Status)
 	b = append(b, `,"meaning":`...)
-	b = appendString(b, t.Meaning)
+	b = AppendString(b, t.Meaning)
 	b = append(b, `,"instruction":`...)
-	b = appendString(b, t.Instruction)
+	b = AppendString(b, t.Instruction)
 	b = append(b, `,"retryable":`...)
 	b = strconv.AppendBool(b, spec.Retryable)
 	if (spec.PollWith || spec.PollOnly) && op.StatusTool != "" {
 		b = append(b, `,"poll_with":`...)
-		b = appendString(b, op.StatusTool)
+		b = AppendString(b, op.StatusTool)
 	}
 	if spec.PollWith {
 		b = append(b, `,"poll_after_ms":`...)
@@ -275,7 +275,7 @@ func renderPrefix(spec Spec, t Text, op Operation) []byte {
 	}
 	if spec.PreviewWith && op.PreviewTool != "" {
 		b = append(b, `,"preview_with":`...)
-		b = appendString(b, op.PreviewTool)
+		b = AppendString(b, op.PreviewTool)
 	}
 	if spec.RetryAfter {
 		b = append(b, `,"retry_after_ms":`...)
@@ -337,17 +337,17 @@ func (s *Set) RenderTo(dst []byte, m Message, traceID string, originalStatus int
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, f)
+			b = AppendString(b, f)
 		}
 		b = append(b, ']')
 	}
 	if x.Detail != "" {
 		b = append(b, `,"detail":`...)
-		b = appendString(b, x.Detail)
+		b = AppendString(b, x.Detail)
 	}
 	if x.HasResult {
 		b = append(b, `,"result_ref":`...)
-		b = appendString(b, x.ResultRef)
+		b = AppendString(b, x.ResultRef)
 		if x.ResultStatus != 0 {
 			b = append(b, `,"result_status":`...)
 			b = strconv.AppendInt(b, int64(x.ResultStatus), 10)
@@ -356,7 +356,7 @@ func (s *Set) RenderTo(dst []byte, m Message, traceID string, originalStatus int
 		b = AppendJSONOrString(b, x.Result)
 	}
 	b = append(b, `,"trace_id":`...)
-	b = appendString(b, traceID)
+	b = AppendString(b, traceID)
 	b = append(b, '}')
 
 	r := Rendered{HTTPStatus: spec.HTTPStatus, Status: spec.Status, Body: b}

@@ -115,7 +115,7 @@ func TestOverridesAndPlaceholders(t *testing.T) {
 
 func TestAppendStringEscapes(t *testing.T) {
 	for _, s := range []string{"plain", `q"b\s`, "ctl\x00\x1f\n\t\r", "bad\xffutf8", "line\u2028sep", "中文"} {
-		b := appendString(nil, s)
+		b := AppendString(nil, s)
 		var got string
 		require.NoError(t, json.Unmarshal(b, &got), string(b))
 		require.Equal(t, strings.ToValidUTF8(s, "\ufffd"), got)
