@@ -95,12 +95,11 @@ func (ex *exchange) expired(token string, expect fingerprint.Expect, headersOnly
 	if err != nil {
 		return ex.verifyFailed(err, claims, false), true
 	}
-	ctx, cancel := ex.srv.storeContext(ex.ctx)
-	rec, found, err := ex.srv.store.Get(ctx, claims.Nonce)
-	cancel()
-	if err != nil {
-		// "Expired, nothing was executed" may be false: say nothing definite.
-		return ex.storeFailed("get", err), true
+	// On a store failure "expired, nothing was executed" may be false: the
+	// answer is temporarily_unavailable, nothing definite.
+	rec, found, failed := ex.readRecord(claims.Nonce)
+	if failed != nil {
+		return failed, true
 	}
 	if !found {
 		return ex.envelope(envelope.FingerprintExpired, 0, envelope.Extra{}), true
@@ -300,6 +299,18 @@ func (ex *exchange) leaseExpired(rec state.Record, claims fingerprint.Claims, ow
 		return ex.answer(state.Answer{Outcome: state.OutcomeOf(ans.Record.State), Record: ans.Record}, claims, owner, headersOnly, 1)
 	}
 	return ex.answer(ans, claims, owner, headersOnly, 1)
+}
+
+// readRecord reads the record of nonce; a store failure comes back as the
+// temporarily_unavailable answer to give.
+func (ex *exchange) readRecord(nonce string) (state.Record, bool, *extprocv3.ProcessingResponse) {
+	ctx, cancel := ex.srv.storeContext(ex.ctx)
+	defer cancel()
+	rec, found, err := ex.srv.store.Get(ctx, nonce)
+	if err != nil {
+		return rec, false, ex.storeFailed("get", err)
+	}
+	return rec, found, nil
 }
 
 // storeFailed answers temporarily_unavailable: nothing was executed, retry

@@ -29,11 +29,9 @@ func (ex *exchange) statusRequest(body []byte, _ bool) (*extprocv3.ProcessingRes
 	if err != nil {
 		return ex.verifyFailed(err, claims, true), true
 	}
-	ctx, cancel := ex.srv.storeContext(ex.ctx)
-	rec, found, err := ex.srv.store.Get(ctx, claims.Nonce)
-	cancel()
-	if err != nil {
-		return ex.storeFailed("get", err), true
+	rec, found, failed := ex.readRecord(claims.Nonce)
+	if failed != nil {
+		return failed, true
 	}
 	if !found {
 		return ex.envelope(envelope.StatusNotStarted, 0, envelope.Extra{}), true
