@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,6 +28,7 @@ import (
 
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/security"
+	"github.com/idemgate/idemgate/internal/testutil"
 	"github.com/idemgate/idemgate/state"
 	"github.com/idemgate/idemgate/state/memory"
 )
@@ -94,24 +94,6 @@ func newClock() *clock {
 }
 func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()).UTC() }
 func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
-
-// syncBuffer collects log output written from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // countingStore counts calls per operation (and can inject failures and
 // panics), wrapping a real store. Hand-written, no mocks.
@@ -211,7 +193,7 @@ type env struct {
 	cfg     *config.Runtime
 	store   *countingStore
 	clock   *clock
-	logs    *syncBuffer
+	logs    *testutil.SyncBuffer
 	logger  *slog.Logger
 	reg     *prometheus.Registry
 	metrics *Metrics
@@ -226,7 +208,7 @@ func newEnv(t testing.TB, backend state.Store, clk *clock) *env {
 	if backend == nil {
 		backend = memory.New(memory.Options{Now: clk.Now})
 	}
-	e := &env{t: t, cfg: testConfig(t, testConfigYAML), clock: clk, logs: &syncBuffer{}, reg: prometheus.NewRegistry()}
+	e := &env{t: t, cfg: testConfig(t, testConfigYAML), clock: clk, logs: &testutil.SyncBuffer{}, reg: prometheus.NewRegistry()}
 	e.metrics = NewMetrics(e.reg)
 	e.logger = slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e.useStore(t, backend)

@@ -27,7 +27,7 @@ import (
 
 // runningDemo is `idemgate demo` running in-process.
 type runningDemo struct {
-	stdout, stderr *syncBuffer
+	stdout, stderr *testutil.SyncBuffer
 	cancel         context.CancelFunc
 	done           chan struct{} // closed when Main returned
 	err            error
@@ -37,7 +37,7 @@ type runningDemo struct {
 // output (one write, made once everything serves) or failed.
 func startDemoMain(t *testing.T, args ...string) *runningDemo {
 	t.Helper()
-	d := &runningDemo{stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
+	d := &runningDemo{stdout: &testutil.SyncBuffer{}, stderr: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
 	go func() {
@@ -413,7 +413,7 @@ func TestDemoRefusesATakenPort(t *testing.T) {
 		{"upstream only", []string{"demo", "--upstream-only", "--listen", addr}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var stdout, stderr syncBuffer
+			var stdout, stderr testutil.SyncBuffer
 			err := Main(t.Context(), tc.args, &stdout, &stderr)
 			require.EqualError(t, err, "failed to listen on "+addr+" (--listen): the address is already in use; "+
 				"stop what holds it (an earlier demo?) or pick another address, e.g. --listen 127.0.0.1:8090")
@@ -423,7 +423,7 @@ func TestDemoRefusesATakenPort(t *testing.T) {
 }
 
 func TestDemoUsage(t *testing.T) {
-	var stdout, stderr syncBuffer
+	var stdout, stderr testutil.SyncBuffer
 	require.ErrorIs(t, Main(t.Context(), []string{"demo", "extra"}, &stdout, &stderr), ErrUsage)
 	require.Contains(t, stderr.String(), `demo: unexpected argument "extra"`)
 	require.ErrorIs(t, Main(t.Context(), []string{"demo", "--frobnicate"}, &stdout, &stderr), ErrUsage)

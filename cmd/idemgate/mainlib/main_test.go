@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,24 +27,6 @@ import (
 	"github.com/idemgate/idemgate/state"
 	"github.com/idemgate/idemgate/state/postgres"
 )
-
-// syncBuffer is written by the server's logger and read by the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 const testKey = "dGVzdC1rZXktazEtbm90LWEtc2VjcmV0LTMyYnl0ZXM="
 
@@ -145,7 +126,7 @@ func TestServeRefusesABadConfigListingEveryProblem(t *testing.T) {
 // server is idemgate serve running in-process.
 type server struct {
 	grpcAddr, adminAddr string
-	stderr              *syncBuffer
+	stderr              *testutil.SyncBuffer
 	cancel              context.CancelFunc
 	done                chan struct{} // closed when Main returned
 	err                 error
@@ -156,7 +137,7 @@ func startServe(t *testing.T, path string) *server {
 	s := &server{
 		grpcAddr:  fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)),
 		adminAddr: fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)),
-		stderr:    &syncBuffer{},
+		stderr:    &testutil.SyncBuffer{},
 		done:      make(chan struct{}),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
