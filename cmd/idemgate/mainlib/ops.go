@@ -98,12 +98,22 @@ func ops(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 }
 
-func openPostgres(ctx context.Context, dsn string) (*postgres.Store, error) {
+// withPostgres runs fn against the PostgreSQL store the flags name, the
+// whole command bounded by opsTimeout; terminal is ttl.terminal (the
+// retention a resolved record gets).
+func (f dbFlags) withPostgres(ctx context.Context, stderr io.Writer, fn func(ctx context.Context, pg *postgres.Store, terminal time.Duration) error) error {
+	dsn, terminal, err := f.resolve(stderr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, opsTimeout)
+	defer cancel()
 	pg, err := postgres.New(ctx, postgres.Options{DSN: dsn, MaxConns: 2, MinConns: 1})
 	if err != nil {
-		return nil, fmt.Errorf("failed to open PostgreSQL: %w", err)
+		return fmt.Errorf("failed to open PostgreSQL: %w", err)
 	}
-	return pg, nil
+	defer pg.Close()
+	return fn(ctx, pg, terminal)
 }
 
 func parseState(s string) (state.State, error) {
@@ -128,18 +138,11 @@ func opsList(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintln(stderr, err)
 		return ErrUsage
 	}
-	dsn, _, err := db.resolve(stderr)
-	if err != nil {
+	var recs []state.Record
+	err = db.withPostgres(ctx, stderr, func(ctx context.Context, pg *postgres.Store, _ time.Duration) (err error) {
+		recs, err = pg.List(ctx, postgres.ListFilter{State: st, OlderThan: *olderThan, Limit: *limit})
 		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, opsTimeout)
-	defer cancel()
-	pg, err := openPostgres(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer pg.Close()
-	recs, err := pg.List(ctx, postgres.ListFilter{State: st, OlderThan: *olderThan, Limit: *limit})
+	})
 	if err != nil {
 		return fmt.Errorf("failed to list records: %w", err)
 	}
@@ -167,18 +170,14 @@ func opsShow(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintln(stderr, "ops show: give exactly one NONCE")
 		return ErrUsage
 	}
-	dsn, _, err := db.resolve(stderr)
-	if err != nil {
+	var (
+		rec   state.Record
+		found bool
+	)
+	err = db.withPostgres(ctx, stderr, func(ctx context.Context, pg *postgres.Store, _ time.Duration) (err error) {
+		rec, found, err = pg.Get(ctx, pos[0])
 		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, opsTimeout)
-	defer cancel()
-	pg, err := openPostgres(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer pg.Close()
-	rec, found, err := pg.Get(ctx, pos[0])
+	})
 	if err != nil {
 		return fmt.Errorf("failed to read %s: %w", pos[0], err)
 	}
@@ -244,17 +243,6 @@ func opsResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return fmt.Errorf("failed to read the body: %w", err)
 		}
 	}
-	dsn, terminal, err := db.resolve(stderr)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, opsTimeout)
-	defer cancel()
-	pg, err := openPostgres(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer pg.Close()
 	st := state.StateDone
 	if *failed {
 		st = state.StateFailed
@@ -263,7 +251,11 @@ func opsResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if len(payload) > 0 && *contentType != "" {
 		res.Headers = []state.Header{{Name: "content-type", Value: *contentType}}
 	}
-	ans, err := pg.Resolve(ctx, pos[0], state.Completion{State: st, Result: res, Retention: terminal})
+	var ans state.Answer
+	err = db.withPostgres(ctx, stderr, func(ctx context.Context, pg *postgres.Store, terminal time.Duration) (err error) {
+		ans, err = pg.Resolve(ctx, pos[0], state.Completion{State: st, Result: res, Retention: terminal})
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("failed to resolve %s: %w", pos[0], err)
 	}
