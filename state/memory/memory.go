@@ -26,6 +26,7 @@ package memory
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -150,15 +151,15 @@ func finish(rec *state.Record, c state.Completion, now time.Time) {
 	rec.ExpiresAt = now.Add(c.Retention).Truncate(time.Microsecond)
 }
 
-// Complete implements state.Store.
-func (s *Store) Complete(ctx context.Context, claim state.Claim, c state.Completion) (state.Answer, error) {
+// ownerCall applies change to the record claim holds, if it is in one of
+// the states given; otherwise it answers NOT_OWNER (with the record when
+// there is one) and changes nothing. change reports whether it deleted the
+// record.
+func (s *Store) ownerCall(ctx context.Context, op string, claim state.Claim, states []state.State, change func(rec *state.Record, now time.Time) (deleted bool)) (state.Answer, error) {
 	if err := claim.Validate(); err != nil {
 		return state.Answer{}, err
 	}
-	if err := c.Validate(); err != nil {
-		return state.Answer{}, err
-	}
-	now, err := s.begin(ctx, "complete")
+	now, err := s.begin(ctx, op)
 	if err != nil {
 		return state.Answer{}, err
 	}
@@ -167,59 +168,53 @@ func (s *Store) Complete(ctx context.Context, claim state.Claim, c state.Complet
 	if rec == nil {
 		return state.Answer{Outcome: state.OutcomeNotOwner}, nil
 	}
-	if !owns(rec, claim) || (rec.State != state.StateInFlight && rec.State != state.StateUnknown) {
+	if !owns(rec, claim) || !slices.Contains(states, rec.State) {
 		return state.Answer{Outcome: state.OutcomeNotOwner, Record: view(rec, now)}, nil
 	}
-	finish(rec, c, now)
+	if change(rec, now) {
+		delete(s.records, claim.Key)
+		return state.Answer{Outcome: state.OutcomeOK}, nil
+	}
 	return state.Answer{Outcome: state.OutcomeOK, Record: view(rec, now)}, nil
+}
+
+var (
+	inFlight          = []state.State{state.StateInFlight}
+	inFlightOrUnknown = []state.State{state.StateInFlight, state.StateUnknown}
+)
+
+// endLease ends rec's lease now: the next retry may take over.
+func endLease(rec *state.Record, now time.Time) bool {
+	rec.LeaseUntil = now
+	rec.UpdatedAt = now
+	return false
+}
+
+// Complete implements state.Store.
+func (s *Store) Complete(ctx context.Context, claim state.Claim, c state.Completion) (state.Answer, error) {
+	if err := c.Validate(); err != nil {
+		return state.Answer{}, err
+	}
+	return s.ownerCall(ctx, "complete", claim, inFlightOrUnknown, func(rec *state.Record, now time.Time) bool {
+		finish(rec, c, now)
+		return false
+	})
 }
 
 // Release implements state.Store.
 func (s *Store) Release(ctx context.Context, claim state.Claim) (state.Answer, error) {
-	if err := claim.Validate(); err != nil {
-		return state.Answer{}, err
-	}
-	now, err := s.begin(ctx, "release")
-	if err != nil {
-		return state.Answer{}, err
-	}
-	defer s.mu.Unlock()
-	rec := s.lookup(claim.Key, now)
-	if rec == nil {
-		return state.Answer{Outcome: state.OutcomeNotOwner}, nil
-	}
-	if !owns(rec, claim) || rec.State != state.StateInFlight {
-		return state.Answer{Outcome: state.OutcomeNotOwner, Record: view(rec, now)}, nil
-	}
-	rec.LeaseUntil = now
-	rec.UpdatedAt = now
-	return state.Answer{Outcome: state.OutcomeOK, Record: view(rec, now)}, nil
+	return s.ownerCall(ctx, "release", claim, inFlight, endLease)
 }
 
-// Abandon implements state.Store.
+// Abandon implements state.Store: a fresh claim (fence 1) is deleted, a
+// takeover's lease ended (an earlier attempt may have executed).
 func (s *Store) Abandon(ctx context.Context, claim state.Claim) (state.Answer, error) {
-	if err := claim.Validate(); err != nil {
-		return state.Answer{}, err
-	}
-	now, err := s.begin(ctx, "abandon")
-	if err != nil {
-		return state.Answer{}, err
-	}
-	defer s.mu.Unlock()
-	rec := s.lookup(claim.Key, now)
-	if rec == nil {
-		return state.Answer{Outcome: state.OutcomeNotOwner}, nil
-	}
-	if !owns(rec, claim) || rec.State != state.StateInFlight {
-		return state.Answer{Outcome: state.OutcomeNotOwner, Record: view(rec, now)}, nil
-	}
-	if rec.Fence == 1 {
-		delete(s.records, claim.Key)
-		return state.Answer{Outcome: state.OutcomeOK}, nil
-	}
-	rec.LeaseUntil = now
-	rec.UpdatedAt = now
-	return state.Answer{Outcome: state.OutcomeOK, Record: view(rec, now)}, nil
+	return s.ownerCall(ctx, "abandon", claim, inFlight, func(rec *state.Record, now time.Time) bool {
+		if rec.Fence == 1 {
+			return true
+		}
+		return endLease(rec, now)
+	})
 }
 
 // MarkUnknown implements state.Store.
