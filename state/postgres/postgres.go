@@ -441,8 +441,7 @@ func (s *Store) Abandon(ctx context.Context, claim state.Claim) (state.Answer, e
 		return state.Answer{}, err
 	}
 	if claim.Fence != 1 {
-		return s.update(ctx, false, "abandon in postgres", releaseSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
-			claim.Key, claim.Owner, claim.Fence)
+		return s.Release(ctx, claim)
 	}
 	tag, err := s.pool.Exec(ctx, abandonSQL, claim.Key, claim.Owner)
 	if err != nil {
