@@ -137,6 +137,11 @@
 //     response phase; the stream is just closed (half-close, then cancel, so
 //     the server sees codes.Canceled). TestRouteTimeoutIs504WithoutAResponsePhase,
 //     TestUpstreamResetAndConnectFailureAre503, TestRoutesMatchInOrderAndMissingRouteIs404.
+//   - A response that ends before the request did (a 413, an early local
+//     reply) carries connection: close, and the rest of the request body is
+//     read and discarded for delayed_close_timeout (1 s) before the socket
+//     closes, so a client still sending reads the answer, not a reset.
+//     TestLocalReplyBeforeTheRequestEndsIsReadableAndClosesTheConnection.
 //   - dynamic_metadata accepted only for receiving namespaces; forwarding
 //     namespaces (e.g. jwt_authn's payload) looked up at send time.
 //     TestDynamicMetadataReceivingAndForwarding,

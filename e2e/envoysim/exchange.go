@@ -184,6 +184,8 @@ type exchange struct {
 	router *routerFilter
 
 	downstreamHeadersSent bool
+	requestComplete       bool          // the downstream request's last byte arrived
+	readerDone            chan struct{} // closed when readDownstream has returned; nil without a body
 	finished              bool
 	resetDownstream       bool
 	status                int
@@ -233,9 +235,11 @@ func (ex *exchange) run() {
 	ex.p.stats.requests.Add(1)
 	ex.buildRequestHeaders()
 	headersEOS := ex.r.Body == nil || ex.r.Body == http.NoBody || (ex.r.ContentLength == 0 && len(ex.r.TransferEncoding) == 0)
+	ex.requestComplete = headersEOS
 	if ex.hcmChecks() {
 		ex.mutateRequestHeaders()
 		if !headersEOS {
+			ex.readerDone = make(chan struct{})
 			go ex.readDownstream()
 		}
 		ex.decodeHeaders(headersEOS)
@@ -252,11 +256,36 @@ func (ex *exchange) run() {
 		}
 	}
 	ex.destroy()
+	ex.awaitDownstreamReader()
 	if ex.resetDownstream {
 		ex.p.stats.downstreamResets.Add(1)
 		// Abort the HTTP/1.1 response: the connection is closed mid-message.
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// awaitDownstreamReader waits for readDownstream to stop before the handler
+// returns (net/http forbids reading a request body afterwards). A response
+// that ended before the request did is followed by Envoy's delayed close:
+// the rest of the body is read and discarded for up to delayedCloseTimeout;
+// a reset stops reading at once.
+func (ex *exchange) awaitDownstreamReader() {
+	if ex.readerDone == nil {
+		return
+	}
+	select {
+	case <-ex.readerDone:
+		return
+	default:
+	}
+	deadline := time.Now()
+	if !ex.resetDownstream {
+		deadline = deadline.Add(delayedCloseTimeout)
+	}
+	if err := http.NewResponseController(ex.w).SetReadDeadline(deadline); err != nil {
+		return // not served by net/http's server: nothing to wait on safely
+	}
+	<-ex.readerDone
 }
 
 func (ex *exchange) destroy() {
@@ -285,6 +314,9 @@ func (ex *exchange) destroy() {
 func (ex *exchange) handle(e event) {
 	switch ev := e.(type) {
 	case evDownData:
+		if ev.eos {
+			ex.requestComplete = true
+		}
 		ex.dec.onData(ev.data, ev.eos)
 	case evDownErr:
 		ex.details = "downstream_remote_disconnect"
@@ -307,7 +339,14 @@ func (ex *exchange) handle(e event) {
 	}
 }
 
+// delayedCloseTimeout is the HCM's delayed_close_timeout default: after a
+// response that ended before the request did, Envoy keeps reading (and
+// discarding) for this long before it closes the socket, so a client still
+// sending its body gets to read the answer instead of a reset.
+const delayedCloseTimeout = time.Second
+
 func (ex *exchange) readDownstream() {
+	defer close(ex.readerDone)
 	buf := make([]byte, 32<<10)
 	var total int64
 	for {
@@ -318,7 +357,14 @@ func (ex *exchange) readDownstream() {
 			// message, so the last chunk carries end_stream; a chunked body
 			// ends with a separate empty end_stream callback.
 			eos := ex.r.ContentLength > 0 && total >= ex.r.ContentLength
-			if !ex.post(evDownData{data: append([]byte(nil), buf[:n]...), eos: eos}) || eos {
+			if eos {
+				ex.post(evDownData{data: append([]byte(nil), buf[:n]...), eos: true})
+				return
+			}
+			if !ex.post(evDownData{data: append([]byte(nil), buf[:n]...)}) {
+				// The stream is over (a local reply, a reset): discard the
+				// rest until the deadline awaitDownstreamReader sets.
+				_, _ = io.Copy(io.Discard, ex.r.Body)
 				return
 			}
 		}
@@ -533,6 +579,12 @@ func (ex *exchange) writeDownstreamHeaders(h *headerMap, eos bool) {
 	}
 	hdr := ex.w.Header()
 	h.toHTTP(hdr)
+	if !ex.requestComplete {
+		// A response before the request's last byte: HTTP/1 cannot reuse
+		// the connection, so the HCM drains it and says so
+		// (downstream_rq_response_before_rq_complete).
+		hdr.Set("Connection", "close")
+	}
 	delete(hdr, "Date") // the codec writes its own date, like Envoy's date provider
 	if !h.has("content-type") {
 		hdr["Content-Type"] = nil // no sniffing: Envoy never adds one

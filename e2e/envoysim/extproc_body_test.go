@@ -1,7 +1,10 @@
 package envoysim
 
 import (
+	"bufio"
+	"bytes"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -87,6 +90,54 @@ func TestBufferedRequestOverTheLimitIs413(t *testing.T) {
 			for _, m := range rec.messages() {
 				require.False(t, isResponseHeaders(m), "local replies skip the response phase")
 			}
+		})
+	}
+}
+
+// A client that is still sending a large body when the 413 is written must
+// be able to read it: Envoy closes an HTTP/1 connection whose response
+// ended before its request (connection: close) and drains the socket for
+// delayed_close_timeout instead of resetting it. curl sends Expect:
+// 100-continue for large bodies, so both shapes are covered.
+func TestLocalReplyBeforeTheRequestEndsIsReadableAndClosesTheConnection(t *testing.T) {
+	for name, expect := range map[string]string{"plain": "", "expect 100-continue": "Expect: 100-continue\r\n"} {
+		t.Run(name, func(t *testing.T) {
+			env := requireEnv(t, replyAll(), func(c *Config) {
+				c.Listener.PerConnectionBufferLimitBytes = 1024
+				c.ExtProc.ProcessingMode = ProcessingMode{RequestBodyMode: BodyBuffered}
+			})
+			conn, err := net.Dial("tcp", strings.TrimPrefix(env.url, "http://"))
+			require.NoError(t, err)
+			defer conn.Close()
+			require.NoError(t, conn.SetDeadline(time.Now().Add(10*time.Second)))
+
+			body := bytes.Repeat([]byte("x"), 8<<20) // far beyond the socket buffers
+			written := make(chan error, 1)
+			go func() {
+				head := "POST / HTTP/1.1\r\nHost: app\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n" + expect + "\r\n"
+				if _, err := conn.Write([]byte(head)); err != nil {
+					written <- err
+					return
+				}
+				_, err := conn.Write(body)
+				written <- err
+			}()
+			br := bufio.NewReader(conn)
+			res, err := http.ReadResponse(br, nil)
+			require.NoError(t, err)
+			if res.StatusCode == http.StatusContinue {
+				res, err = http.ReadResponse(br, nil)
+				require.NoError(t, err)
+			}
+			got, err := io.ReadAll(res.Body)
+			require.NoError(t, err)
+			require.Equal(t, 413, res.StatusCode)
+			require.Equal(t, "Payload Too Large", string(got))
+			require.True(t, res.Close, "connection: close on a response that ended before its request")
+			require.NoError(t, <-written, "the whole body was accepted, not reset")
+			_, err = br.ReadByte()
+			require.ErrorIs(t, err, io.EOF, "the connection is closed after the reply")
+			require.Equal(t, int64(0), env.upstream.hits.Load())
 		})
 	}
 }
