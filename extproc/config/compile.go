@@ -52,10 +52,10 @@ const (
 const storeTimeoutWarnAbove = 500 * time.Millisecond
 
 var (
-	keyIDPattern   = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-	opNamePattern  = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
-	methodPattern  = regexp.MustCompile(`^[A-Z]{1,20}$`)
-	toolNamePatten = regexp.MustCompile(`^[A-Za-z0-9_.:/-]{1,128}$`)
+	keyIDPattern    = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+	opNamePattern   = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+	methodPattern   = regexp.MustCompile(`^[A-Z]{1,20}$`)
+	toolNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.:/-]{1,128}$`)
 )
 
 type compiler struct {
@@ -584,12 +584,12 @@ func (c *compiler) operations(ops []OperationSpec, rt *Runtime, languageOK bool)
 		}
 		if o.PreviewTool == "" {
 			c.errorf(at("preview_tool"), "required: the tool name the agent calls to preview (used in instructions)")
-		} else if !toolNamePatten.MatchString(o.PreviewTool) {
+		} else if !toolNamePattern.MatchString(o.PreviewTool) {
 			c.errorf(at("preview_tool"), "invalid tool name %q", o.PreviewTool)
 		}
 		if o.StatusTool == "" {
 			c.errorf(at("status_tool"), "required: the tool name the agent polls for the result (used in instructions)")
-		} else if !toolNamePatten.MatchString(o.StatusTool) {
+		} else if !toolNamePattern.MatchString(o.StatusTool) {
 			c.errorf(at("status_tool"), "invalid tool name %q", o.StatusTool)
 		}
 
