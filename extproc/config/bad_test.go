@@ -94,7 +94,7 @@ func TestBadConfigs(t *testing.T) {
 			"key_short.yaml:4:10: signing.keys.k1: key from env IDEMGATE_TEST_KEY_SHORT: invalid key: 5 bytes, need at least 32 (generate one with `idemgate keygen`)",
 		}},
 		{file: "literal_password.yaml", want: []string{
-			"literal_password.yaml:8:5: store.redis.password: unknown key \"password\" (known keys: addrs, db, key_prefix, master_name, mode, password_env, password_file, timeout, username)",
+			"literal_password.yaml:8:5: store.redis.password: unknown key \"password\" (known keys: addrs, db, key_prefix, master_name, mode, password_env, password_file, timeout, tls, username)",
 		}},
 		{file: "many_problems.yaml", want: []string{
 			"many_problems.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, drain, grpc_listen, limits, log, messages, operations, security, signing, store, subject, ttl)",
@@ -133,6 +133,11 @@ func TestBadConfigs(t *testing.T) {
 		{file: "redis_mode.yaml", want: []string{
 			"redis_mode.yaml:7:13: store.redis.addrs[0]: invalid address \"127.0.0.1\": use host:port",
 			"redis_mode.yaml:8:11: store.redis.mode: unknown mode \"sentinal\" (known: single, cluster, sentinel)",
+		}},
+		{file: "redis_tls.yaml", want: []string{
+			"redis_tls.yaml:8:59: store.redis.tls.insecure_skip_verify: unknown key \"insecure_skip_verify\" (known keys: ca_file, cert_file, key_file, server_name)",
+			"redis_tls.yaml:8:11: store.redis.tls: set both cert_file and key_file (a client certificate) or neither",
+			"redis_tls.yaml:8:20: store.redis.tls.ca_file: failed to read Redis CA file missing-ca.pem: no such file or directory",
 		}},
 		{file: "redis_sentinel_no_master.yaml", want: []string{
 			"redis_sentinel_no_master.yaml:6:11: store.redis.master_name: required when mode is sentinel",

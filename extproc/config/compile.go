@@ -1,6 +1,8 @@
 package config
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io/fs"
 	"log/slog"
@@ -136,17 +138,8 @@ func (c *compiler) secret(path []any, what, envKey, env, fileKey, file string, o
 		}
 		return v, "env " + env, true
 	default:
-		name := file
-		if !filepath.IsAbs(name) && c.baseDir != "" {
-			name = filepath.Join(c.baseDir, name)
-		}
-		data, err := c.opts.ReadFile(name)
-		if err != nil {
-			var pe *fs.PathError
-			if errors.As(err, &pe) {
-				err = pe.Err
-			}
-			c.errorf(append(clonePath(path), fileKey), "failed to read %s file %s: %v", what, file, err)
+		data, ok := c.readFile(path, fileKey, what, file)
+		if !ok {
 			return "", "", false
 		}
 		v := strings.TrimSpace(string(data))
@@ -156,6 +149,25 @@ func (c *compiler) secret(path []any, what, envKey, env, fileKey, file string, o
 		}
 		return v, "file " + file, true
 	}
+}
+
+// readFile reads a file the config names; a relative name resolves against
+// the config file's directory. A failure is reported at path.key.
+func (c *compiler) readFile(path []any, key, what, file string) ([]byte, bool) {
+	name := file
+	if !filepath.IsAbs(name) && c.baseDir != "" {
+		name = filepath.Join(c.baseDir, name)
+	}
+	data, err := c.opts.ReadFile(name)
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		c.errorf(append(clonePath(path), key), "failed to read %s file %s: %v", what, file, err)
+		return nil, false
+	}
+	return data, true
 }
 
 func (c *compiler) compile(f *File) *Runtime {
@@ -341,6 +353,53 @@ func (c *compiler) subject(s *Subject) SubjectSource {
 	return out
 }
 
+// redisTLS compiles store.redis.tls. TLS 1.2 is the floor; the server is
+// always verified (there is deliberately no way to skip it: the store holds
+// who paid whom). Offline, the files are named but not read.
+func (c *compiler) redisTLS(t RedisTLS) *TLSSettings {
+	path := p("store", "redis", "tls")
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	summary := []string{"tls"}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		c.errorf(path, "set both cert_file and key_file (a client certificate) or neither")
+	}
+	if t.CAFile == "" {
+		summary = append(summary, "system roots")
+	} else {
+		summary = append(summary, "ca "+t.CAFile)
+		if data, ok := c.readTLSFile(path, "ca_file", "Redis CA", t.CAFile); ok {
+			cfg.RootCAs = x509.NewCertPool()
+			if !cfg.RootCAs.AppendCertsFromPEM(data) {
+				c.errorf(append(clonePath(path), "ca_file"), "%s holds no PEM certificate", t.CAFile)
+			}
+		}
+	}
+	if t.CertFile != "" && t.KeyFile != "" {
+		summary = append(summary, "client cert "+t.CertFile)
+		certPEM, certOK := c.readTLSFile(path, "cert_file", "Redis client certificate", t.CertFile)
+		keyPEM, keyOK := c.readTLSFile(path, "key_file", "Redis client key", t.KeyFile)
+		if certOK && keyOK {
+			cert, err := tls.X509KeyPair(certPEM, keyPEM)
+			if err != nil {
+				c.errorf(append(clonePath(path), "cert_file"), "cert_file and key_file are not a certificate and its key: %v", err)
+			}
+			cfg.Certificates = []tls.Certificate{cert}
+		}
+	}
+	if t.ServerName != "" {
+		summary = append(summary, "server name "+t.ServerName)
+	}
+	return &TLSSettings{Config: cfg, Summary: strings.Join(summary, ", ")}
+}
+
+// readTLSFile is readFile, except that an offline check only names the file.
+func (c *compiler) readTLSFile(path []any, key, what, file string) ([]byte, bool) {
+	if c.opts.Offline {
+		return nil, false
+	}
+	return c.readFile(path, key, what, file)
+}
+
 func (c *compiler) store(s Store) StoreSettings {
 	out := StoreSettings{Timeout: c.duration(p("store", "timeout"), s.Timeout, DefaultStoreTimeout, false)}
 	if out.Timeout > storeTimeoutWarnAbove {
@@ -386,6 +445,9 @@ func (c *compiler) store(s Store) StoreSettings {
 		}
 		if pw, _, ok := c.secret(p("store", "redis"), "Redis password", "password_env", r.PasswordEnv, "password_file", r.PasswordFile, true, "offline"); ok {
 			rs.Password = NewSecret(pw)
+		}
+		if r.TLS != nil {
+			rs.TLS = c.redisTLS(*r.TLS)
 		}
 		rs.Timeout = c.duration(p("store", "redis", "timeout"), r.Timeout, DefaultRedisTimeout, false)
 		if rs.Timeout > out.Timeout {

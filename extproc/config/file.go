@@ -77,15 +77,31 @@ type Store struct {
 
 // Redis is the fast-path store.
 type Redis struct {
-	Addrs        []string `yaml:"addrs"`
-	Mode         string   `yaml:"mode"`
-	MasterName   string   `yaml:"master_name"`
-	KeyPrefix    *string  `yaml:"key_prefix"`
-	Username     string   `yaml:"username"`
-	PasswordEnv  string   `yaml:"password_env"`
-	PasswordFile string   `yaml:"password_file"`
-	DB           *int     `yaml:"db"`
-	Timeout      string   `yaml:"timeout"`
+	Addrs        []string  `yaml:"addrs"`
+	Mode         string    `yaml:"mode"`
+	MasterName   string    `yaml:"master_name"`
+	KeyPrefix    *string   `yaml:"key_prefix"`
+	Username     string    `yaml:"username"`
+	PasswordEnv  string    `yaml:"password_env"`
+	PasswordFile string    `yaml:"password_file"`
+	DB           *int      `yaml:"db"`
+	Timeout      string    `yaml:"timeout"`
+	TLS          *RedisTLS `yaml:"tls"`
+}
+
+// RedisTLS turns on TLS to Redis (managed Redis services require it). An
+// empty block, tls: {}, verifies the server against the system roots.
+type RedisTLS struct {
+	// CAFile holds the PEM certificates that sign the server's; empty: the
+	// system roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are a client certificate and its key, for a
+	// Redis that asks for one (tls-auth-clients yes).
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName overrides the name verified in the server's certificate
+	// (default: the host of each address).
+	ServerName string `yaml:"server_name"`
 }
 
 // Postgres is the store of record; exactly one of DSN, DSNEnv, DSNFile.

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"crypto/tls"
+	"encoding/json"
 	"log/slog"
 	"time"
 
@@ -105,7 +107,24 @@ type RedisSettings struct {
 	Password   Secret
 	DB         int
 	Timeout    time.Duration
+	TLS        *TLSSettings // nil: plain TCP
 }
+
+// TLSSettings is a compiled client TLS configuration. It logs and marshals
+// as its summary, never as the key material it holds.
+type TLSSettings struct {
+	Config  *tls.Config
+	Summary string
+}
+
+// String implements fmt.Stringer, for %v.
+func (t *TLSSettings) String() string { return t.Summary }
+
+// LogValue implements slog.LogValuer.
+func (t *TLSSettings) LogValue() slog.Value { return slog.StringValue(t.Summary) }
+
+// MarshalJSON implements json.Marshaler.
+func (t *TLSSettings) MarshalJSON() ([]byte, error) { return json.Marshal(t.Summary) }
 
 // PostgresSettings configures the PostgreSQL pool.
 type PostgresSettings struct {

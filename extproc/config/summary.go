@@ -93,6 +93,9 @@ func (rt *Runtime) storeSummary() string {
 		if !r.Password.IsZero() {
 			pw = ", password set"
 		}
+		if r.TLS != nil {
+			pw += ", " + r.TLS.Summary
+		}
 		parts = append(parts, fmt.Sprintf("redis %s %s prefix %q db %d timeout %s%s", r.Mode, strings.Join(r.Addrs, ","), r.KeyPrefix, r.DB, r.Timeout, pw))
 	}
 	if pg := s.Postgres; pg != nil {

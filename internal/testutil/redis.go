@@ -30,6 +30,15 @@ type RedisServer struct {
 // Extra arguments are passed to redis-server (e.g. "--cluster-enabled", "yes").
 func StartRedis(t testing.TB, extra ...string) *RedisServer {
 	t.Helper()
+	return startRedis(t, func(port int) []string {
+		return append([]string{"--port", strconv.Itoa(port)}, extra...)
+	})
+}
+
+// startRedis runs redis-server with the common arguments plus listen(port),
+// which says how to listen on the free port it picked.
+func startRedis(t testing.TB, listen func(port int) []string) *RedisServer {
+	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		unavailable(t, "redis-server (Debian package redis-server)", err)
 	}
@@ -41,10 +50,10 @@ func StartRedis(t testing.TB, extra ...string) *RedisServer {
 		port: port,
 		dir:  dir,
 		args: append([]string{
-			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--dir", dir,
 			"--protected-mode", "no", "--loglevel", "warning",
-		}, extra...),
+		}, listen(port)...),
 	}
 	if err := r.start(); err != nil {
 		t.Fatalf("failed to start redis-server: %v", err)

@@ -40,6 +40,7 @@ package redis
 
 import (
 	"context"
+	"crypto/tls"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -77,6 +78,9 @@ type Options struct {
 	DB        int
 	KeyPrefix string
 	PoolSize  int
+	// TLS, when set, encrypts every connection, to sentinels too (managed
+	// Redis services require it); nil is plain TCP.
+	TLS *tls.Config
 	// DialTimeout, ReadTimeout and WriteTimeout bound the socket; the
 	// caller's context deadline bounds each call as well.
 	DialTimeout  time.Duration
@@ -159,6 +163,7 @@ func New(opts Options) (*Store, error) {
 		MaxRetries:            -1,
 		DialerRetries:         1,
 		ContextTimeoutEnabled: true,
+		TLSConfig:             opts.TLS,
 		// RESP2: the scripts' replies are flat arrays of strings either way,
 		// and RESP3 makes go-redis look for push notifications around every
 		// command, which this store never subscribes to.

@@ -2,6 +2,9 @@ package redis_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -231,4 +234,57 @@ func TestConformanceSentinel(t *testing.T) {
 		t.Cleanup(func() { _ = s.Close() })
 		return s
 	})
+}
+
+// tlsConfig trusts the test CA and, with a client certificate, presents it.
+func tlsConfig(t *testing.T, files testutil.TLSFiles, clientCert bool) *tls.Config {
+	t.Helper()
+	pem, err := os.ReadFile(files.CAFile)
+	require.NoError(t, err)
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(pem))
+	cfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	if clientCert {
+		cert, err := tls.LoadX509KeyPair(files.ClientCertFile, files.ClientKeyFile)
+		require.NoError(t, err)
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg
+}
+
+func TestConformanceTLS(t *testing.T) {
+	srv, files := testutil.StartRedisTLS(t, true)
+	statetest.Run(t, func(t *testing.T) state.Store {
+		s, err := redis.New(redis.Options{Addrs: []string{srv.Addr}, TLS: tlsConfig(t, files, true)})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	})
+}
+
+// A TLS-only Redis refuses plain text, an unknown CA, and (when it asks for
+// one) a client without a certificate: each is an unavailable store, which
+// the tiered store and /readyz report, never a silent downgrade.
+func TestTLSIsRequiredAndVerified(t *testing.T) {
+	srv, files := testutil.StartRedisTLS(t, true)
+	for name, cfg := range map[string]*tls.Config{
+		"plain text":             nil,
+		"server not trusted":     {MinVersion: tls.VersionTLS12},
+		"no client certificate":  tlsConfig(t, files, false),
+		"trusted and identified": tlsConfig(t, files, true),
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, err := redis.New(redis.Options{Addrs: []string{srv.Addr}, TLS: cfg, DialTimeout: time.Second})
+			require.NoError(t, err)
+			defer s.Close()
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			defer cancel()
+			err = s.Ping(ctx)
+			if name == "trusted and identified" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, state.ErrUnavailable)
+		})
+	}
 }

@@ -345,6 +345,30 @@ func TestServeStartsWithPostgresDownAndBecomesReady(t *testing.T) {
 	require.NotNil(t, reply.GetRequestBody())
 }
 
+// The tiered store over a Redis that speaks only TLS and asks for a client
+// certificate: serve becomes ready and a confirm takes its fast path.
+func TestServeTieredOverRedisTLS(t *testing.T) {
+	redisSrv, files := testutil.StartRedisTLS(t, true)
+	dsn := testutil.CreateDatabase(t)
+	path := writeConfig(t, fmt.Sprintf(`store:
+  redis:
+    addrs: [%q]
+    tls: {ca_file: %q, cert_file: %q, key_file: %q}
+  postgres: {dsn: %q}`, redisSrv.Addr, files.CAFile, files.ClientCertFile, files.ClientKeyFile, dsn))
+
+	s := startServe(t, path)
+	require.Eventually(t, func() bool { code, _ := s.get(t, "/readyz"); return code == 200 }, 20*time.Second, 50*time.Millisecond)
+	conn := s.conn(t)
+	reply := confirm(t, conn, previewFingerprint(t, conn))
+	require.Nil(t, reply.GetImmediateResponse())
+	require.NotNil(t, reply.GetRequestBody())
+	_, metrics := s.get(t, "/metrics")
+	for _, line := range strings.Split(metrics, "\n") {
+		require.False(t, strings.HasPrefix(line, "idemgate_store_fallbacks_total{"), "Redis answered over TLS, so no fallback to PostgreSQL only: %s", line)
+	}
+	require.Contains(t, metrics, `idemgate_decisions_total{operation="transfer",outcome="acquired",route="confirm"} 1`)
+}
+
 func TestMigrateAndOps(t *testing.T) {
 	dsn := testutil.CreateDatabase(t)
 	var out, errOut bytes.Buffer

@@ -45,10 +45,14 @@ func openStore(ctx context.Context, rt *config.Runtime, metrics *extproc.Metrics
 		pgStore = state.Instrument(pg, "postgres", obs)
 	}
 	if r := s.Redis; r != nil {
-		rd, err := redis.New(redis.Options{
+		opts := redis.Options{
 			Addrs: r.Addrs, Mode: r.Mode, MasterName: r.MasterName, Username: r.Username,
 			Password: r.Password.Reveal(), DB: r.DB, KeyPrefix: r.KeyPrefix,
-		})
+		}
+		if r.TLS != nil {
+			opts.TLS = r.TLS.Config
+		}
+		rd, err := redis.New(opts)
 		if err != nil {
 			if ss.pg != nil {
 				ss.pg.Close()
