@@ -17,6 +17,14 @@ import (
 // sentinel's address. It is stopped at cleanup.
 func StartRedisSentinel(t testing.TB, masterName, masterAddr string) string {
 	t.Helper()
+	return StartRedisSentinelDownAfter(t, masterName, masterAddr, 5*time.Second)
+}
+
+// StartRedisSentinelDownAfter is StartRedisSentinel with the time after
+// which an unreachable master is considered down (and, with a replica to
+// promote, failed over).
+func StartRedisSentinelDownAfter(t testing.TB, masterName, masterAddr string, downAfter time.Duration) string {
+	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		unavailable(t, "redis-server (Debian package redis-server)", err)
 	}
@@ -30,8 +38,8 @@ func StartRedisSentinel(t testing.TB, masterName, masterAddr string) string {
 	// Sentinel rewrites its config file, so it lives in the test's own
 	// directory.
 	body := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\n"+
-		"sentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %s 5000\n",
-		sentinelPort, dir, masterName, host, port, masterName)
+		"sentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %s %d\n",
+		sentinelPort, dir, masterName, host, port, masterName, downAfter.Milliseconds())
 	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 		t.Fatalf("failed to write sentinel config: %v", err)
 	}

@@ -592,3 +592,85 @@ func TestAbandonFollowsPostgresIntoRedis(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, found, "the orphan Redis claim is dropped")
 }
+
+// A Sentinel failover (master killed, its replica promoted) is, with
+// FLUSHALL, how Redis loses data under the tiered store. While there is no
+// master the answers come from PostgreSQL; once Sentinel has promoted the
+// replica the fast path is back on it, and what was decided in between
+// reaches it from PostgreSQL.
+func TestSentinelFailoverKeepsAnswersAndComesBack(t *testing.T) {
+	dsn := testutil.CreateDatabase(t)
+	require.NoError(t, postgres.Migrate(t.Context(), dsn))
+	master := testutil.StartRedis(t)
+	host, port, err := net.SplitHostPort(master.Addr)
+	require.NoError(t, err)
+	replica := testutil.StartRedis(t, "--replicaof", host, port)
+	const name = "idemfailover"
+	sentinelAddr := testutil.StartRedisSentinelDownAfter(t, name, master.Addr, 500*time.Millisecond)
+	sentinel := goredis.NewSentinelClient(&goredis.Options{Addr: sentinelAddr})
+	defer sentinel.Close()
+	replicaClient := goredis.NewClient(&goredis.Options{Addr: replica.Addr})
+	defer replicaClient.Close()
+	ctx := t.Context()
+
+	// Sentinel can only promote a replica it has discovered.
+	require.Eventually(t, func() bool {
+		replicas, err := sentinel.Replicas(ctx, name).Result()
+		return err == nil && len(replicas) == 1
+	}, 20*time.Second, 50*time.Millisecond, "sentinel never saw the replica")
+
+	rs, err := redis.New(redis.Options{Addrs: []string{sentinelAddr}, Mode: redis.ModeSentinel, MasterName: name})
+	require.NoError(t, err)
+	fb := &fallbacks{}
+	s := newTiered(t, tiered.Options{
+		Redis: rs, Postgres: newPostgres(t, dsn), RedisTimeout: 500 * time.Millisecond,
+		FailureThreshold: 1, CoolDown: 100 * time.Millisecond, OnFallback: fb.record,
+	})
+	claim := func(key, owner string) state.Claim { return state.Claim{Key: key, Owner: owner, Fence: 1} }
+
+	before := statetest.NewKey(t)
+	a, err := s.Acquire(ctx, statetest.AcquireRequest(before, "o"))
+	statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
+	c, err := s.Complete(ctx, claim(before, "o"), statetest.Done())
+	statetest.RequireOutcome(t, state.OutcomeOK, c, err)
+	require.Eventually(t, func() bool { return replicaClient.Exists(ctx, rs.Key(before)).Val() == 1 },
+		5*time.Second, 10*time.Millisecond, "the record reached the replica")
+
+	master.Kill()
+
+	// No master: every answer is still right, from PostgreSQL.
+	r, err := s.Acquire(ctx, statetest.AcquireRequest(before, "retry"))
+	statetest.RequireOutcome(t, state.OutcomeDone, r, err)
+	statetest.RequireSameResult(t, statetest.SampleResult(), r.Record.Result)
+	during := statetest.NewKey(t)
+	a, err = s.Acquire(ctx, statetest.AcquireRequest(during, "o"))
+	statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
+	b, err := s.Acquire(ctx, statetest.AcquireRequest(during, "p"))
+	statetest.RequireOutcome(t, state.OutcomeInFlight, b, err)
+	c, err = s.Complete(ctx, claim(during, "o"), statetest.Done())
+	statetest.RequireOutcome(t, state.OutcomeOK, c, err)
+	require.Positive(t, fb.count(tiered.FallbackRedisError)+fb.count(tiered.FallbackBreakerOpen))
+
+	// Sentinel promotes the replica; a probe closes the breaker.
+	require.Eventually(t, func() bool {
+		addr, err := sentinel.GetMasterAddrByName(ctx, name).Result()
+		return err == nil && net.JoinHostPort(addr[0], addr[1]) == replica.Addr
+	}, 30*time.Second, 100*time.Millisecond, "sentinel did not promote the replica")
+	require.Eventually(t, func() bool {
+		_ = s.PingRedis(ctx)
+		return s.Stats().Breaker == tiered.BreakerClosed
+	}, 20*time.Second, 100*time.Millisecond, "the fast path did not come back")
+
+	// The fast path runs on the promoted replica, and what was decided
+	// while there was no master reaches it.
+	after := statetest.NewKey(t)
+	a, err = s.Acquire(ctx, statetest.AcquireRequest(after, "o"))
+	statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
+	require.Equal(t, int64(1), replicaClient.Exists(ctx, rs.Key(after)).Val(), "claimed on the new master")
+	r, err = s.Acquire(ctx, statetest.AcquireRequest(during, "late"))
+	statetest.RequireOutcome(t, state.OutcomeDone, r, err)
+	statetest.RequireSameResult(t, statetest.SampleResult(), r.Record.Result)
+	require.Equal(t, int64(1), replicaClient.Exists(ctx, rs.Key(during)).Val(), "repaired from PostgreSQL")
+	r, err = s.Acquire(ctx, statetest.AcquireRequest(before, "later"))
+	statetest.RequireOutcome(t, state.OutcomeDone, r, err)
+}
