@@ -171,6 +171,19 @@ func (s *suite) acquire(t *testing.T, st state.Store, key, owner string) state.A
 	return a
 }
 
+// acquireShortLease acquires key for owner with the suite's short lease.
+func (s *suite) acquireShortLease(t *testing.T, st state.Store, key, owner string) state.Answer {
+	t.Helper()
+	req := AcquireRequest(key, owner)
+	req.Lease = s.opts.ShortLease
+	a, err := st.Acquire(ctxT(t), req)
+	RequireOutcome(t, state.OutcomeAcquired, a, err)
+	return a
+}
+
+// waitPastShortLease waits until a short lease taken now has run out.
+func (s *suite) waitPastShortLease() { s.opts.Wait(s.opts.ShortLease + s.opts.ShortLease/2) }
+
 func (s *suite) acquireThenInFlight(t *testing.T, st state.Store) {
 	ctx := ctxT(t)
 	key := NewKey(t)
@@ -489,11 +502,8 @@ func (s *suite) abandonNotOwner(t *testing.T, st state.Store) {
 func (s *suite) abandonRacesTakeover(t *testing.T, st state.Store) {
 	ctx := ctxT(t)
 	key := NewKey(t)
-	req := AcquireRequest(key, "owner-a")
-	req.Lease = s.opts.ShortLease
-	a, err := st.Acquire(ctx, req)
-	RequireOutcome(t, state.OutcomeAcquired, a, err)
-	s.opts.Wait(s.opts.ShortLease + s.opts.ShortLease/2)
+	a := s.acquireShortLease(t, st, key, "owner-a")
+	s.waitPastShortLease()
 
 	const n = 20
 	answers := make([]state.Answer, n)
@@ -560,12 +570,9 @@ func (s *suite) leaseExpiryTakeover(t *testing.T, st state.Store) {
 	require.False(t, early.Record.LeaseExpired)
 
 	key := NewKey(t)
-	req := AcquireRequest(key, "owner-a")
-	req.Lease = s.opts.ShortLease
-	a, err := st.Acquire(ctx, req)
-	RequireOutcome(t, state.OutcomeAcquired, a, err)
+	a := s.acquireShortLease(t, st, key, "owner-a")
 
-	s.opts.Wait(s.opts.ShortLease + s.opts.ShortLease/2)
+	s.waitPastShortLease()
 
 	seen, err := st.Acquire(ctx, AcquireRequest(key, "owner-b"))
 	RequireOutcome(t, state.OutcomeInFlight, seen, err)
@@ -634,11 +641,8 @@ func (s *suite) markUnknownAfterExpiry(t *testing.T, st state.Store) {
 	require.Equal(t, state.StateInFlight, before.Record.State)
 
 	key := NewKey(t)
-	req := AcquireRequest(key, "owner-a")
-	req.Lease = s.opts.ShortLease
-	a, err := st.Acquire(ctx, req)
-	RequireOutcome(t, state.OutcomeAcquired, a, err)
-	s.opts.Wait(s.opts.ShortLease + s.opts.ShortLease/2)
+	s.acquireShortLease(t, st, key, "owner-a")
+	s.waitPastShortLease()
 
 	wrongFence, err := st.MarkUnknown(ctx, state.Claim{Key: key, Owner: "owner-b", Fence: 0})
 	RequireOutcome(t, state.OutcomeNotOwner, wrongFence, err)
@@ -737,11 +741,8 @@ func (s *suite) get(t *testing.T, st state.Store) {
 	require.Nil(t, rec.Result)
 
 	short := NewKey(t)
-	req := AcquireRequest(short, "owner-a")
-	req.Lease = s.opts.ShortLease
-	a, err := st.Acquire(ctx, req)
-	RequireOutcome(t, state.OutcomeAcquired, a, err)
-	s.opts.Wait(s.opts.ShortLease + s.opts.ShortLease/2)
+	s.acquireShortLease(t, st, short, "owner-a")
+	s.waitPastShortLease()
 	rec, found, err = st.Get(ctx, short)
 	require.NoError(t, err)
 	require.True(t, found)
@@ -842,11 +843,8 @@ func (s *suite) concurrentAcquire(t *testing.T, st state.Store) {
 func (s *suite) concurrentTakeover(t *testing.T, st state.Store) {
 	ctx := ctxT(t)
 	key := NewKey(t)
-	req := AcquireRequest(key, "owner-a")
-	req.Lease = s.opts.ShortLease
-	a, err := st.Acquire(ctx, req)
-	RequireOutcome(t, state.OutcomeAcquired, a, err)
-	s.opts.Wait(s.opts.ShortLease + s.opts.ShortLease/2)
+	s.acquireShortLease(t, st, key, "owner-a")
+	s.waitPastShortLease()
 
 	const n = 50
 	answers := make([]state.Answer, n)
