@@ -382,8 +382,9 @@ func (c *compiler) redisTLS(t RedisTLS) *TLSSettings {
 			cert, err := tls.X509KeyPair(certPEM, keyPEM)
 			if err != nil {
 				c.errorf(append(clonePath(path), "cert_file"), "cert_file and key_file are not a certificate and its key: %v", err)
+			} else {
+				cfg.Certificates = []tls.Certificate{cert}
 			}
-			cfg.Certificates = []tls.Certificate{cert}
 		}
 	}
 	if t.ServerName != "" {
