@@ -48,16 +48,9 @@ func classify(status int) outcomeClass {
 // JSON syntax, subject, fingerprint present, verify (MAC, version, scope,
 // subject, expiry, params), then acquire.
 func (ex *exchange) confirmRequest(body []byte, headersOnly bool) (*extprocv3.ProcessingResponse, bool) {
-	pb, refused := ex.parseRequestBody(body)
+	pb, token, refused := ex.fingerprintRequest(body, envelope.FingerprintRequired)
 	if refused != nil {
 		return refused, true
-	}
-	if ex.subject == "" {
-		return ex.envelope(envelope.SubjectRequired, 0, envelope.Extra{}), true
-	}
-	token, found := ex.fingerprintFrom(pb)
-	if !found {
-		return ex.envelope(envelope.FingerprintRequired, 0, envelope.Extra{}), true
 	}
 	params, selectErr := ex.op.Selector.Select(pb.doc, ex.vars)
 	expect := fingerprint.Expect{Subject: ex.subject, Scope: ex.op.Scope}

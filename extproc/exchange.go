@@ -248,6 +248,24 @@ func (ex *exchange) resolveSubject(hm *corev3.HeaderMap, md *corev3.Metadata) st
 	return ""
 }
 
+// fingerprintRequest runs the checks confirm and status start with, in the
+// order of DESIGN section 8: body size and JSON syntax, subject, then a
+// fingerprint present (answered with missing when there is none).
+func (ex *exchange) fingerprintRequest(body []byte, missing envelope.Message) (pb parsedBody, token string, refused *extprocv3.ProcessingResponse) {
+	pb, refused = ex.parseRequestBody(body)
+	if refused != nil {
+		return pb, "", refused
+	}
+	if ex.subject == "" {
+		return pb, "", ex.envelope(envelope.SubjectRequired, 0, envelope.Extra{})
+	}
+	token, found := ex.fingerprintFrom(pb)
+	if !found {
+		return pb, "", ex.envelope(missing, 0, envelope.Extra{})
+	}
+	return pb, token, nil
+}
+
 // fingerprintFrom returns the fingerprint of a confirm or status request:
 // the body field when present (a non-string value is returned as found=true
 // with an empty token so it is rejected as malformed), else the

@@ -14,16 +14,9 @@ import (
 // status not_started | in_progress | completed | failed |
 // needs_reconciliation and the stored result when terminal.
 func (ex *exchange) statusRequest(body []byte, _ bool) (*extprocv3.ProcessingResponse, bool) {
-	pb, refused := ex.parseRequestBody(body)
+	_, token, refused := ex.fingerprintRequest(body, envelope.StatusFingerprintRequired)
 	if refused != nil {
 		return refused, true
-	}
-	if ex.subject == "" {
-		return ex.envelope(envelope.SubjectRequired, 0, envelope.Extra{}), true
-	}
-	token, found := ex.fingerprintFrom(pb)
-	if !found {
-		return ex.envelope(envelope.StatusFingerprintRequired, 0, envelope.Extra{}), true
 	}
 	claims, err := ex.srv.cfg.Keys.Verify(token, fingerprint.Expect{Subject: ex.subject, Scope: ex.op.Scope, AllowExpired: true}, ex.srv.now())
 	if err != nil {
