@@ -9,6 +9,11 @@ LDFLAGS      := -s -w -X github.com/idemgate/idemgate/cmd/idemgate/mainlib.Versi
 GO_TEST_ARGS ?=
 # make test requires the services it starts: a missing one fails instead of skipping.
 TEST_ENV     := IDEMGATE_REQUIRE_SERVICES=1
+# The one pin of the Envoy version: .envoy-version (read by .ci/envoy.sh, the
+# tests and the image tags' check).
+ENVOY_VERSION := $(shell cat .envoy-version)
+# ENVOY = the pinned Envoy's absolute path, installed into .envoy/ when missing.
+ENVOY         = $$(.ci/envoy.sh)
 
 .DEFAULT_GOAL := help
 
@@ -25,13 +30,17 @@ demo: build ## Run the one-process demo (memory store, payments upstream, Envoy-
 	@# Built first rather than `go run`, which exits 1 after Ctrl-C even when the demo stopped cleanly.
 	$(BIN_DIR)/idemgate demo
 
+.PHONY: envoy
+envoy: ## Install Envoy $(ENVOY_VERSION) (.envoy-version) into .envoy/ unless ENVOY_BIN or a pinned envoy on PATH is found.
+	@bin=$(ENVOY) && echo "envoy: $$bin"
+
 .PHONY: services
 services: ## Make sure Redis and PostgreSQL answer on the test addresses (starts throwaway ones if not).
 	@.ci/services.sh
 
 .PHONY: test
-test: services ## Run every test (unit, integration, e2e) with the race detector.
-	$(TEST_ENV) $(GO) test -race -count=1 -timeout 45m $(GO_TEST_ARGS) ./...
+test: services envoy ## Run every test (unit, integration, e2e through real Envoy) with the race detector.
+	ENVOY_BIN=$(ENVOY) $(TEST_ENV) $(GO) test -race -count=1 -timeout 45m $(GO_TEST_ARGS) ./...
 
 .PHONY: test-race
 test-race: test ## Same as test: the suite always runs with -race.

@@ -41,29 +41,73 @@ if ! redis_up; then
 fi
 say "Redis answers on 127.0.0.1:$REDIS_PORT"
 
-if ! pg_up; then
-  if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ] && [ "$PG_PORT" = 5432 ]; then
-    say "starting the machine's PostgreSQL"
-    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+# pg_isready answering proves nothing about authentication: Debian's fresh
+# cluster asks host connections for a password (scram) and allows 100
+# connections. The tests log in as postgres over TCP with no password, so
+# that login is what is checked.
+pg_trusts() { psql -w -X -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -c 'select 1' >/dev/null 2>&1; }
+pg_max_conn() { psql -w -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -c 'show max_connections' 2>/dev/null || echo 0; }
+
+# machine_cluster prints "version name" of the machine's Debian cluster, if any.
+machine_cluster() {
+  command -v pg_lsclusters >/dev/null || return 1
+  pg_lsclusters -h 2>/dev/null | awk -v port="$PG_PORT" '$3 == port {print $1, $2; exit}'
+}
+
+# trust_machine_cluster rewrites the machine's cluster for the tests: trust on
+# loopback for host connections, 300 connections. It is a test machine's
+# cluster; the edit is marked so a later run does not repeat it.
+trust_machine_cluster() { # version name
+  local conf="/etc/postgresql/$1/$2"
+  [ -f "$conf/pg_hba.conf" ] || return 1
+  if ! grep -q 'idemgate-tests' "$conf/pg_hba.conf"; then
+    say "configuring the machine's PostgreSQL $1/$2: trust on loopback, max_connections=300"
+    { echo "# idemgate-tests: loopback trusted for the test suite"
+      echo "host all all 127.0.0.1/32 trust"
+      echo "host all all ::1/128 trust"
+      grep -v '^[[:space:]]*host' "$conf/pg_hba.conf"; } > "$conf/pg_hba.conf.new"
+    mv "$conf/pg_hba.conf.new" "$conf/pg_hba.conf"
+    chown postgres:postgres "$conf/pg_hba.conf" 2>/dev/null || true
   fi
-  if ! wait_for pg pg_up; then
-    initdb_bin=$(command -v initdb || ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | tail -n1 || true)
-    [ -n "$initdb_bin" ] || die "PostgreSQL is down and initdb is missing: apt-get install -y postgresql"
-    bindir=$(dirname "$initdb_bin")
-    data="$RUN_DIR/pg"
-    say "starting a throwaway PostgreSQL on :$PG_PORT in $data"
-    run_as=()
-    if [ "$(id -u)" = 0 ]; then
-      id postgres >/dev/null 2>&1 || die "PostgreSQL refuses to run as root and there is no postgres user"
-      mkdir -p "$RUN_DIR"; chown postgres "$RUN_DIR" 2>/dev/null || true
-      run_as=(runuser -u postgres --)
-    fi
-    if [ ! -f "$data/PG_VERSION" ]; then
-      "${run_as[@]}" "$bindir/initdb" -D "$data" -U postgres --auth=trust >/dev/null
-    fi
-    "${run_as[@]}" "$bindir/pg_ctl" -D "$data" -l "$data/server.log" \
-      -o "-p $PG_PORT -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=300" -w start >/dev/null
-    wait_for pg pg_up || die "PostgreSQL did not come up on 127.0.0.1:$PG_PORT (see $data/server.log)"
+  mkdir -p "$conf/conf.d"
+  printf "listen_addresses = '127.0.0.1,::1'\nmax_connections = 300\n" > "$conf/conf.d/idemgate-tests.conf"
+  pg_ctlcluster --skip-systemctl-redirect "$1" "$2" restart >/dev/null 2>&1 ||
+    pg_ctlcluster --skip-systemctl-redirect "$1" "$2" start
+}
+
+start_throwaway_pg() {
+  initdb_bin=$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | tail -n1 || true)
+  [ -n "$initdb_bin" ] || initdb_bin=$(command -v initdb || true)
+  [ -n "$initdb_bin" ] || die "PostgreSQL is down and initdb is missing: apt-get install -y postgresql"
+  bindir=$(dirname "$initdb_bin")
+  data="$RUN_DIR/pg"
+  say "starting a throwaway PostgreSQL on :$PG_PORT in $data"
+  run_as=()
+  if [ "$(id -u)" = 0 ]; then
+    id postgres >/dev/null 2>&1 || die "PostgreSQL refuses to run as root and there is no postgres user"
+    mkdir -p "$RUN_DIR"; chown postgres "$RUN_DIR" 2>/dev/null || true
+    run_as=(runuser -u postgres --)
   fi
+  if [ ! -f "$data/PG_VERSION" ]; then
+    "${run_as[@]}" "$bindir/initdb" -D "$data" -U postgres --auth=trust >/dev/null
+  fi
+  "${run_as[@]}" "$bindir/pg_ctl" -D "$data" -l "$data/server.log" \
+    -o "-p $PG_PORT -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=300" -w start >/dev/null
+  wait_for pg pg_up || die "PostgreSQL did not come up on 127.0.0.1:$PG_PORT (see $data/server.log)"
+}
+
+command -v psql >/dev/null || die "psql not found: apt-get install -y postgresql-client"
+cluster=$(machine_cluster || true)
+if ! pg_up && [ -n "$cluster" ]; then
+  say "starting the machine's PostgreSQL $cluster"
+  pg_ctlcluster --skip-systemctl-redirect $cluster start || true
+  wait_for pg pg_up || true
 fi
-say "PostgreSQL answers on 127.0.0.1:$PG_PORT"
+if pg_up && { ! pg_trusts || [ "$(pg_max_conn)" -lt 300 ]; }; then
+  [ -n "$cluster" ] || die "PostgreSQL on 127.0.0.1:$PG_PORT refuses a password-less login as postgres (or allows fewer than 300 connections) and is not the machine's cluster: stop it or set IDEMGATE_TEST_PG_PORT"
+  trust_machine_cluster $cluster
+  wait_for pg pg_up || die "the machine's PostgreSQL did not come back on 127.0.0.1:$PG_PORT"
+fi
+pg_up || start_throwaway_pg
+pg_trusts || die "PostgreSQL on 127.0.0.1:$PG_PORT answers but refuses a password-less login as postgres"
+say "PostgreSQL answers on 127.0.0.1:$PG_PORT (user postgres, trust, max_connections $(pg_max_conn))"
