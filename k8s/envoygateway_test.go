@@ -820,6 +820,33 @@ func checkEGTimeouts(m *egManifests) error {
 	return errors.Join(errs...)
 }
 
+// checkEGNoRetries: the Gateway never retries a guarded request. Envoy
+// Gateway's retry policy (HTTPRoute retry or a BackendTrafficPolicy) retries
+// on 503 and on reset with its defaults, after ext_proc: a retried confirm
+// reaches an upstream that ignores idempotency keys twice, and idemgate only
+// sees the last answer. (envoy/envoy.yaml retries only reset and
+// connect-failure; here the route has no retry at all.)
+func checkEGNoRetries(m *egManifests) error {
+	guarded, err := m.guardedRoutes()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range guarded {
+		for i, rule := range r.Spec.Rules {
+			if rule.Retry != nil {
+				errs = append(errs, fmt.Errorf("HTTPRoute %s rule %d retries", r.Name, i))
+			}
+		}
+	}
+	for _, btp := range objectsOf[*egv1a1.BackendTrafficPolicy](m.objs) {
+		if btp.Spec.Retry != nil {
+			errs = append(errs, fmt.Errorf("BackendTrafficPolicy %s configures retries", btp.Name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // checkEGListener: the listener's buffer limit is limits.max_body_bytes (what
 // BUFFERED mode may hold) and paths are normalised before routing (Envoy
 // Gateway always sets normalize_path; the policy must not loosen the rest).
@@ -865,6 +892,7 @@ func egChecks() []struct {
 		{"the JWT sets the subject from sub on every guarded route", checkEGJWTSetsSubject},
 		{"messageTimeout fits store.timeout and every route timeout", checkEGTimeouts},
 		{"buffer limit and path normalisation", checkEGListener},
+		{"the Gateway never retries a guarded request", checkEGNoRetries},
 	}
 }
 
@@ -1008,6 +1036,9 @@ func TestEnvoyGatewayChecksCatchMutations(t *testing.T) {
 		{"buffer limit above max_body_bytes", checkEGListener, func(m *egManifests) {
 			q := m.clientPolicy[0].Spec.Connection.BufferLimit
 			q.Add(*q)
+		}},
+		{"a retry on the confirm route", checkEGNoRetries, func(m *egManifests) {
+			route(m, "payments-api-idemgate").Spec.Rules[1].Retry = &gwapiv1.HTTPRouteRetry{Attempts: new(1)}
 		}},
 		{"slashes not merged", checkEGListener, func(m *egManifests) { m.clientPolicy[0].Spec.Path.DisableMergeSlashes = new(true) }},
 	}
