@@ -293,6 +293,26 @@ func sameSchema(a, b *Schema) bool {
 	return errA == nil && errB == nil && bytes.Equal(x, y)
 }
 
+// mcpAnnotations are MCP's tool hints. They state what idemgate guarantees:
+// preview and status change nothing, and a confirm repeated with the same
+// arguments (the same fingerprint) has no further effect. destructiveHint is
+// left to its default (true): a confirm moves money and cannot be undone.
+type mcpAnnotations struct {
+	ReadOnlyHint   *bool `json:"readOnlyHint,omitempty"`
+	IdempotentHint *bool `json:"idempotentHint,omitempty"`
+}
+
+func annotationsFor(k Kind) *mcpAnnotations {
+	yes := true
+	switch k {
+	case config.KindConfirm:
+		return &mcpAnnotations{IdempotentHint: &yes}
+	case config.KindStatus:
+		return &mcpAnnotations{ReadOnlyHint: &yes, IdempotentHint: &yes}
+	}
+	return &mcpAnnotations{ReadOnlyHint: &yes}
+}
+
 func isIndex(seg string) bool {
 	return seg != "" && strings.Trim(seg, "0123456789") == ""
 }
@@ -347,13 +367,14 @@ func Render(w io.Writer, tools []Tool, f Format) error {
 		doc = out
 	case MCP:
 		type tool struct {
-			Name        string  `json:"name"`
-			Description string  `json:"description"`
-			InputSchema *Schema `json:"inputSchema"`
+			Name        string          `json:"name"`
+			Description string          `json:"description"`
+			InputSchema *Schema         `json:"inputSchema"`
+			Annotations *mcpAnnotations `json:"annotations,omitempty"`
 		}
 		out := []tool{}
 		for _, t := range tools {
-			out = append(out, tool{t.Name, t.Description, t.InputSchema})
+			out = append(out, tool{t.Name, t.Description, t.InputSchema, annotationsFor(t.Kind)})
 		}
 		doc = struct {
 			Tools []tool `json:"tools"`

@@ -103,7 +103,9 @@ type anthropicTool struct {
 
 // MCP (2025-11-25) tools/list result: {"tools": [Tool], "nextCursor"?};
 // Tool has name (required), title, description, inputSchema (required, type
-// "object"), outputSchema, annotations, icons and _meta.
+// "object"), outputSchema, annotations (title and the boolean hints
+// readOnlyHint, destructiveHint, idempotentHint, openWorldHint), icons and
+// _meta.
 type mcpResult struct {
 	Tools *[]struct {
 		Name         *string         `json:"name"`
@@ -111,9 +113,15 @@ type mcpResult struct {
 		Description  *string         `json:"description"`
 		InputSchema  *jsonSchema     `json:"inputSchema"`
 		OutputSchema json.RawMessage `json:"outputSchema"`
-		Annotations  json.RawMessage `json:"annotations"`
-		Icons        json.RawMessage `json:"icons"`
-		Meta         json.RawMessage `json:"_meta"`
+		Annotations  *struct {
+			Title           string `json:"title"`
+			ReadOnlyHint    *bool  `json:"readOnlyHint"`
+			DestructiveHint *bool  `json:"destructiveHint"`
+			IdempotentHint  *bool  `json:"idempotentHint"`
+			OpenWorldHint   *bool  `json:"openWorldHint"`
+		} `json:"annotations"`
+		Icons json.RawMessage `json:"icons"`
+		Meta  json.RawMessage `json:"_meta"`
 	} `json:"tools"`
 	NextCursor *string `json:"nextCursor"`
 }
@@ -304,6 +312,23 @@ func TestShippedConfigGolden(t *testing.T) {
 				names = append(names, d.name)
 			}
 			require.Equal(t, []string{"transfer_preview", "transfer_confirm", "transfer_status"}, names)
+			if f == MCP {
+				var res mcpResult
+				require.NoError(t, decodeStrict(got, &res))
+				hints := func(i int) (ro, idem bool) {
+					a := (*res.Tools)[i].Annotations
+					require.NotNil(t, a)
+					return a.ReadOnlyHint != nil && *a.ReadOnlyHint, a.IdempotentHint != nil && *a.IdempotentHint
+				}
+				ro, _ := hints(0)
+				require.True(t, ro, "preview changes nothing")
+				ro, idem := hints(1)
+				require.False(t, ro, "confirm executes")
+				require.True(t, idem, "a repeated confirm has no further effect")
+				require.Nil(t, (*res.Tools)[1].Annotations.DestructiveHint, "left to its default: a payment cannot be undone")
+				ro, idem = hints(2)
+				require.True(t, ro && idem)
+			}
 		})
 	}
 }
