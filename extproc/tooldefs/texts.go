@@ -25,6 +25,9 @@ type texts struct {
 	PathParam string
 	// ListSeparator joins the names in {params} and {statuses}.
 	ListSeparator string
+	// SentenceSeparator joins sentences: a space in English, nothing in
+	// Chinese, whose full stop needs none.
+	SentenceSeparator string
 }
 
 var catalogues = map[string]texts{
@@ -42,13 +45,14 @@ var catalogues = map[string]texts{
 		Status: "Reports what happened to a confirmation of the operation {operation}, identified by the " +
 			"`{fingerprint_field}` from {preview_tool}: `status` is one of {statuses}, with the result once it is known. " +
 			"It never executes anything. Call it when an answer of {confirm_tool} names it in `poll_with`.",
-		When:          "When the answer is `{status}`: {instruction}",
-		Fingerprint:   "The `{fingerprint_field}` value from the {preview_tool} response, copied exactly, without changing any character.",
-		ParamPreview:  "Bound to the fingerprint this preview returns: confirm with exactly this value.",
-		ParamConfirm:  "Must equal the value previewed with {preview_tool}; a different value is refused and nothing is executed.",
-		Decimal:       "A decimal amount: a JSON number or a string such as \"100.00\".",
-		PathParam:     "The {{name}} segment of the path {path}. Bound to the fingerprint like the other parameters.",
-		ListSeparator: ", ",
+		When:              "When the answer is `{status}`: {instruction}",
+		Fingerprint:       "The `{fingerprint_field}` value from the {preview_tool} response, copied exactly, without changing any character.",
+		ParamPreview:      "Bound to the fingerprint this preview returns: confirm with exactly this value.",
+		ParamConfirm:      "Must equal the value previewed with {preview_tool}; a different value is refused and nothing is executed.",
+		Decimal:           "A decimal amount: a JSON number or a string such as \"100.00\".",
+		PathParam:         "The {{name}} segment of the path {path}. Bound to the fingerprint like the other parameters.",
+		ListSeparator:     ", ",
+		SentenceSeparator: " ",
 	},
 	"zh": {
 		Preview: "操作 {operation} 的第 1 步（共 2 步）：只预览，不执行任何操作。" +
@@ -62,12 +66,13 @@ var catalogues = map[string]texts{
 		Status: "查询操作 {operation} 的一次确认结果，以 {preview_tool} 返回的 `{fingerprint_field}` 标识：" +
 			"`status` 为 {statuses} 之一，结果确定后附带结果。本工具从不执行任何操作。" +
 			"当 {confirm_tool} 的应答在 `poll_with` 中指明本工具时调用它。",
-		When:          "应答为 `{status}` 时：{instruction}",
-		Fingerprint:   "{preview_tool} 响应中的 `{fingerprint_field}`，原样复制，不要改动任何字符。",
-		ParamPreview:  "与本次预览返回的指纹绑定：确认时必须使用完全相同的值。",
-		ParamConfirm:  "必须与 {preview_tool} 预览时的值完全相同；不同的值会被拒绝，且不会执行任何操作。",
-		Decimal:       "十进制金额：JSON 数字，或 \"100.00\" 这样的字符串。",
-		PathParam:     "路径 {path} 中的 {{name}} 段。与其他参数一样绑定到指纹。",
-		ListSeparator: "、",
+		When:              "应答为 `{status}` 时：{instruction}",
+		Fingerprint:       "{preview_tool} 响应中的 `{fingerprint_field}`，原样复制，不要改动任何字符。",
+		ParamPreview:      "与本次预览返回的指纹绑定：确认时必须使用完全相同的值。",
+		ParamConfirm:      "必须与 {preview_tool} 预览时的值完全相同；不同的值会被拒绝，且不会执行任何操作。",
+		Decimal:           "十进制金额：JSON 数字，或 \"100.00\" 这样的字符串。",
+		PathParam:         "路径 {path} 中的 {{name}} 段。与其他参数一样绑定到指纹。",
+		ListSeparator:     "、",
+		SentenceSeparator: "",
 	},
 }

@@ -148,7 +148,7 @@ func operationTools(op *config.Operation, t texts) ([]Tool, error) {
 			}
 			parts = append(parts, strings.NewReplacer("{status}", status, "{instruction}", instruction).Replace(t.When))
 		}
-		return strings.Join(parts, " "), nil
+		return strings.Join(parts, t.SentenceSeparator), nil
 	}
 	confirmWhen, err := quote(envelope.InProgress, envelope.TemporarilyUnavailable)
 	if err != nil {
@@ -177,8 +177,8 @@ func operationTools(op *config.Operation, t texts) ([]Tool, error) {
 	}
 	return []Tool{
 		{Operation: op.Name, Kind: config.KindPreview, Name: op.PreviewTool, Description: expand(t.Preview), InputSchema: preview},
-		{Operation: op.Name, Kind: config.KindConfirm, Name: ConfirmTool(op), Description: expand(t.Confirm) + " " + confirmWhen, InputSchema: confirm},
-		{Operation: op.Name, Kind: config.KindStatus, Name: op.StatusTool, Description: expand(t.Status) + " " + statusWhen, InputSchema: status},
+		{Operation: op.Name, Kind: config.KindConfirm, Name: ConfirmTool(op), Description: expand(t.Confirm) + t.SentenceSeparator + confirmWhen, InputSchema: confirm},
+		{Operation: op.Name, Kind: config.KindStatus, Name: op.StatusTool, Description: expand(t.Status) + t.SentenceSeparator + statusWhen, InputSchema: status},
 	}, nil
 }
 
@@ -213,7 +213,7 @@ func paramsSchema(op *config.Operation, t texts, describe string, expand func(st
 		}
 		leaf := &Schema{Description: describe}
 		if p.Decimal {
-			leaf.Description += " " + t.Decimal
+			leaf.Description += t.SentenceSeparator + t.Decimal
 			leaf.AnyOf = []*Schema{{Type: "string", Pattern: decimalPattern}, {Type: "number"}}
 		}
 		if err := insert(root, strings.Split(p.Path, "."), leaf); err != nil {

@@ -446,6 +446,7 @@ func TestDescriptionsQuoteTheEnvelopes(t *testing.T) {
 				for _, d := range defs {
 					require.Regexp(t, `\p{Han}`, d.Description, d.Name)
 					require.NotContains(t, d.Description, "Step ", d.Name)
+					require.NotContains(t, d.Description, "。 ", "%s: Chinese sentences are not joined with spaces", d.Name)
 				}
 			}
 			require.Contains(t, byKind[config.KindConfirm].InputSchema.Properties, op.FingerprintField)
