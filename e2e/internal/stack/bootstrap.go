@@ -30,9 +30,10 @@ const (
 	extProcFilterName = "envoy.filters.http.ext_proc"
 )
 
-// bootstrapEdits are the changes the stack makes to the shipped envoy.yaml.
-// They are made on the decoded v3 Bootstrap, so the same bytes feed the
-// harness (envoysim.FromBootstrap) and a real Envoy (-c file).
+// bootstrapEdits are the changes the stack makes to the shipped envoy.yaml:
+// ports, cluster endpoints and the test's timeouts, nothing else. They are
+// made on the decoded v3 Bootstrap, so an edit cannot silently miss its
+// target (a renamed route or cluster is an error).
 type bootstrapEdits struct {
 	listenAddr string
 	adminAddr  string

@@ -1,7 +1,7 @@
 // Package stack brings up one complete idemgate deployment for one
 // end-to-end test, all on loopback and all owned by the test:
 //
-//	agent ─▶ front (envoysim harness, or Envoy when ENVOY_BIN is set)
+//	agent ─▶ Envoy (the pinned binary, child process)
 //	           │ ext_proc gRPC          │ HTTP
 //	           ▼                        ▼
 //	        idemgate (child process)   Upstream recorder ─▶ payments (in-process)
@@ -10,9 +10,9 @@
 //	  redis-server      PostgreSQL database (fresh, dropped afterwards;
 //	  (test-owned)      optionally behind a TCP proxy the test can cut)
 //
-// The front runs the shipped envoy/envoy.yaml and idemgate a config derived
+// Envoy runs the shipped envoy/envoy.yaml and idemgate a config derived
 // from the shipped envoy/idemgate.yaml: only addresses, TTLs, the log format
-// and the test's tweaks differ. Logs of idemgate and the front are kept and
+// and the test's tweaks differ. Logs of idemgate and Envoy are kept and
 // printed only when the test fails. A data race reported by a race-built
 // idemgate fails the test.
 package stack
@@ -67,10 +67,11 @@ type Stack struct {
 	PGProxy *TCPProxy
 	// DSN reaches the test database directly (never through PGProxy).
 	DSN string
-	// Bootstrap is the edited envoy.yaml the front runs.
+	// Bootstrap is the edited envoy.yaml Envoy runs.
 	Bootstrap []byte
+	// Envoy is the front.
+	Envoy *Envoy
 
-	front  front
 	client *http.Client
 
 	poolOnce sync.Once
@@ -145,12 +146,10 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		t.Fatalf("idemgate did not start: %v\n%s", err, g.Log())
 	}
 
-	listen, admin := "", ""
-	if env.EnvoyBin != "" {
-		listen, admin = freeAddr(t), freeAddr(t)
-	}
 	s.Bootstrap, err = renderBootstrap(bootstrapEdits{
-		listenAddr: listen, adminAddr: admin,
+		// Port 0: the kernel picks, nothing can take the port between the
+		// choice and the bind (startEnvoy reads the bound ports back).
+		listenAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0",
 		clusters:            map[string]string{"idemgate": g.GRPCAddr, "payments": paymentsAddr},
 		confirmRouteTimeout: opts.ConfirmRouteTimeout,
 		messageTimeout:      extProcMessageTimeout,
@@ -158,15 +157,11 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if env.EnvoyBin != "" {
-		s.front, err = startEnvoy(t, env.EnvoyBin, s.Bootstrap, listen, admin)
-	} else {
-		s.front, err = startHarness(s.Bootstrap)
-	}
+	s.Envoy, err = startEnvoy(t, env.EnvoyBin, s.Bootstrap)
 	if err != nil {
-		t.Fatalf("the front did not start: %v", err)
+		t.Fatalf("envoy did not start: %v", err)
 	}
-	t.Cleanup(s.front.Close)
+	t.Cleanup(s.Envoy.Close)
 
 	s.client = &http.Client{
 		Timeout: 60 * time.Second,
@@ -220,11 +215,8 @@ func proxiedDSN(dsn string, start func(target string) (string, error)) (string, 
 	return prefix + userinfo + "@" + addr + "/" + path, nil
 }
 
-// Mode says which front runs: "envoysim harness" or "real Envoy".
-func (s *Stack) Mode() string { return s.front.Mode() }
-
-// URL is the front's base URL.
-func (s *Stack) URL() string { return "http://" + s.front.Addr() }
+// URL is Envoy's base URL.
+func (s *Stack) URL() string { return "http://" + s.Envoy.ListenAddr }
 
 // Agent returns an agent client for user.
 func (s *Stack) Agent(user string) *Agent {
@@ -241,9 +233,8 @@ func (s *Stack) AnonymousAgent() *Agent {
 	return &Agent{User: "", base: s.URL(), client: s.client}
 }
 
-// RequestID is the x-request-id the front gave the request that got resp
-// (a local reply: every idemgate envelope is one).
-func (s *Stack) RequestID(resp *Response) (string, error) { return s.front.RequestID(resp) }
+// RequestID is the x-request-id Envoy gave the request that got resp.
+func (s *Stack) RequestID(resp *Response) (string, error) { return s.Envoy.RequestID(resp) }
 
 // RedisClient returns a client of the test-owned Redis, closed at cleanup.
 func (s *Stack) RedisClient() *goredis.Client {
@@ -339,7 +330,7 @@ func (s *Stack) RowsOf(nonce string) (int, error) {
 	return n, err
 }
 
-// dumpLogsOnFailure prints the logs of idemgate and the front when the test
+// dumpLogsOnFailure prints the logs of idemgate and Envoy when the test
 // failed, and nothing otherwise.
 func (s *Stack) dumpLogsOnFailure() {
 	if !s.t.Failed() {
@@ -348,8 +339,8 @@ func (s *Stack) dumpLogsOnFailure() {
 	if s.Idemgate != nil {
 		s.t.Logf("---- idemgate log ----\n%s", s.Idemgate.Log())
 	}
-	if s.front != nil {
-		s.t.Logf("---- %s log ----\n%s", s.front.Mode(), s.front.Log())
+	if s.Envoy != nil {
+		s.t.Logf("---- Envoy log ----\n%s", s.Envoy.Log())
 	}
 	if s.Payments != nil {
 		st := s.Payments.Stats()
