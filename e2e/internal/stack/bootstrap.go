@@ -43,6 +43,10 @@ type bootstrapEdits struct {
 	confirmRouteTimeout time.Duration
 	// messageTimeout replaces ext_proc's message_timeout when > 0.
 	messageTimeout time.Duration
+	// confirmRetryOn replaces the confirm route's retry_policy.retry_on
+	// when set (envoy.yaml: a downstream that ignores keys must not be
+	// retried on reset).
+	confirmRetryOn string
 }
 
 // renderBootstrap returns the shipped envoy.yaml with edits applied, as YAML.
@@ -100,7 +104,21 @@ func renderBootstrap(e bootstrapEdits) ([]byte, error) {
 
 	if err := editHCM(listeners[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig(), func(h *hcmv3.HttpConnectionManager) error {
 		if e.confirmRouteTimeout > 0 {
-			if err := setRouteTimeout(h, confirmRouteName, e.confirmRouteTimeout); err != nil {
+			if err := editRoute(h, confirmRouteName, func(ra *routev3.RouteAction) error {
+				ra.Timeout = durationpb.New(e.confirmRouteTimeout)
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		if e.confirmRetryOn != "" {
+			if err := editRoute(h, confirmRouteName, func(ra *routev3.RouteAction) error {
+				if ra.GetRetryPolicy() == nil {
+					return fmt.Errorf("route %s has no retry_policy", confirmRouteName)
+				}
+				ra.RetryPolicy.RetryOn = e.confirmRetryOn
+				return nil
+			}); err != nil {
 				return err
 			}
 		}
@@ -140,7 +158,8 @@ func editHCM(a *anypb.Any, edit func(*hcmv3.HttpConnectionManager) error) error 
 	return nil
 }
 
-func setRouteTimeout(h *hcmv3.HttpConnectionManager, name string, d time.Duration) error {
+// editRoute lets edit change the action of the route called name.
+func editRoute(h *hcmv3.HttpConnectionManager, name string, edit func(*routev3.RouteAction) error) error {
 	for _, vh := range h.GetRouteConfig().GetVirtualHosts() {
 		for _, r := range vh.GetRoutes() {
 			if r.GetName() != name {
@@ -150,8 +169,7 @@ func setRouteTimeout(h *hcmv3.HttpConnectionManager, name string, d time.Duratio
 			if !ok {
 				return fmt.Errorf("route %s does not forward to a cluster", name)
 			}
-			ra.Route.Timeout = durationpb.New(d)
-			return nil
+			return edit(ra.Route)
 		}
 	}
 	return fmt.Errorf("envoy.yaml has no route %q", name)

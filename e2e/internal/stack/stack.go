@@ -18,6 +18,7 @@
 package stack
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/e2e/payments"
+	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testutil"
 )
 
@@ -52,6 +54,9 @@ type Options struct {
 	ConfirmRouteTimeout time.Duration
 	// PostgresThroughProxy puts a TCPProxy between idemgate and PostgreSQL.
 	PostgresThroughProxy bool
+	// MessageTimeout replaces ext_proc's message_timeout when > 0 (the
+	// stack's default is extProcMessageTimeout).
+	MessageTimeout time.Duration
 }
 
 // Stack is one running deployment.
@@ -72,7 +77,8 @@ type Stack struct {
 	// Envoy is the front.
 	Envoy *Envoy
 
-	client *http.Client
+	client     *http.Client
+	signingKey string
 
 	poolOnce sync.Once
 	pool     *pgxpool.Pool
@@ -115,6 +121,7 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.signingKey = key
 	dir := t.TempDir()
 	g := &Idemgate{
 		bin:        env.IdemgateBin,
@@ -152,7 +159,8 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		listenAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0",
 		clusters:            map[string]string{"idemgate": g.GRPCAddr, "payments": paymentsAddr},
 		confirmRouteTimeout: opts.ConfirmRouteTimeout,
-		messageTimeout:      extProcMessageTimeout,
+		messageTimeout:      cmp.Or(opts.MessageTimeout, extProcMessageTimeout),
+		confirmRetryOn:      confirmRetryOn(opts),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -172,6 +180,19 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 	}
 	t.Cleanup(s.client.CloseIdleConnections)
 	return s
+}
+
+// confirmRetryOn is the confirm route's retry_on for the deployment. The
+// shipped envoy.yaml retries a reset confirm, which is safe only because
+// the retry carries the same Idempotency-Key and the downstream
+// deduplicates it; a downstream that ignores keys would execute the retry
+// a second time (the contract tests saw it pay twice), so that deployment
+// retries connection failures only, as envoy.yaml's comment says.
+func confirmRetryOn(opts Options) string {
+	if opts.DownstreamIgnoresKeys {
+		return "connect-failure"
+	}
+	return ""
 }
 
 // serveUpstream serves the Upstream recorder on a loopback port.
@@ -235,6 +256,20 @@ func (s *Stack) AnonymousAgent() *Agent {
 
 // RequestID is the x-request-id Envoy gave the request that got resp.
 func (s *Stack) RequestID(resp *Response) (string, error) { return s.Envoy.RequestID(resp) }
+
+// SubjectTag is the keyed tag idemgate computes for subject (the "u" claim,
+// the subject_tag of security events) under the stack's signing key k1.
+func (s *Stack) SubjectTag(subject string) (string, error) {
+	raw, err := fingerprint.ParseKey(s.signingKey)
+	if err != nil {
+		return "", err
+	}
+	ring, err := fingerprint.NewKeyRing(signingKeyID, map[string][]byte{signingKeyID: raw})
+	if err != nil {
+		return "", err
+	}
+	return ring.SubjectTag(signingKeyID, subject)
+}
 
 // RedisClient returns a client of the test-owned Redis, closed at cleanup.
 func (s *Stack) RedisClient() *goredis.Client {
