@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -205,5 +206,202 @@ func TestEnvoyLocalRepliesSettleTheClaim(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestEnvoyRequestBodyOverTheBufferLimit: a confirm body over 1 MiB (the
+// listener's per_connection_buffer_limit_bytes, equal to idemgate's
+// limits.max_body_bytes). With a content-length idemgate refuses it from
+// the headers alone (413 request_too_large envelope) before Envoy buffers
+// anything; chunked, nobody knows the size in advance, Envoy's buffer
+// overflows and Envoy answers 413 itself — idemgate saw only the request
+// headers of that stream. Either way nothing is claimed or executed.
+func TestEnvoyRequestBodyOverTheBufferLimit(t *testing.T) {
+	s := startStack(t, stack.Options{})
+	alice := s.Agent("alice")
+	p := preview(t, alice, transfer("40.00", "acct_olga", "books"))
+	body := p.ConfirmBody()
+	body["memo"] = strings.Repeat("x", 1100000)
+	raw, err := json.Marshal(body)
+	require.NoError(t, err)
+
+	streams := envoyStat(t, s, statStreamsStarted)
+	r, err := alice.Raw(confirmTarget, raw, false)
+	require.NoError(t, err)
+	requireEnvelope(t, s, r, http.StatusRequestEntityTooLarge, "request_too_large", false)
+
+	r, err = alice.Raw(confirmTarget, raw, true)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusRequestEntityTooLarge, r.StatusCode, "got %s", r)
+	require.Nil(t, r.Envelope, "Envoy's own 413")
+	require.Equal(t, "Payload Too Large", string(r.Body))
+
+	// idemgate had a stream for each (it answered the first, the second
+	// was cut while Envoy buffered) and claimed nothing.
+	require.Equal(t, streams+2, envoyStat(t, s, statStreamsStarted))
+	require.Zero(t, metric(t, s, `idemgate_decisions_total{operation="transfer",outcome="acquired",route="confirm"}`))
+	requireRowCounts(t, s, map[string]int{})
+	require.Empty(t, s.Upstream.Confirms())
+	require.Zero(t, s.Payments.Executions())
+
+	// The fingerprint was not consumed.
+	requireExecuted(t, confirm(t, alice, p.ConfirmBody()))
+	require.Equal(t, 1, s.Payments.Executions())
+}
+
+// confirmTarget is the confirm path on a raw request line.
+const confirmTarget = "/v1/transfers/confirm"
+
+// TestEnvoyFailsClosedWithoutIdemgate: failure_mode_allow is false, so an
+// idemgate that is gone (killed: connection refused) or hung (SIGSTOP: the
+// connection is open, nothing answers) stops every operation call at
+// Envoy — 500 for the broken stream, 504 when message_timeout passes —
+// and nothing reaches the upstream. A fingerprint confirmed meanwhile is
+// not consumed: once idemgate is back the same confirm executes, once.
+func TestEnvoyFailsClosedWithoutIdemgate(t *testing.T) {
+	t.Run("killed", func(t *testing.T) {
+		s := startStack(t, stack.Options{})
+		alice := s.Agent("alice")
+		p := preview(t, alice, transfer("70.00", "acct_pia", "rent"))
+		s.Idemgate.Kill()
+
+		failed := envoyStat(t, s, statStreamsFailed)
+		seen := len(s.Upstream.Requests())
+		for _, call := range []func() (*stack.Response, error){
+			func() (*stack.Response, error) { return alice.Confirm(p.ConfirmBody()) },
+			func() (*stack.Response, error) { return alice.Status(p.Fingerprint) },
+			func() (*stack.Response, error) {
+				return alice.Post("/v1/transfers/preview", transfer("1.00", "acct_pia", "x"), nil)
+			},
+		} {
+			r, err := call()
+			require.NoError(t, err)
+			require.Equal(t, http.StatusInternalServerError, r.StatusCode, "got %s", r)
+			require.Nil(t, r.Envelope)
+			require.Empty(t, r.Body, "ext_proc's error reply has no body")
+		}
+		require.Equal(t, failed+3, envoyStat(t, s, statStreamsFailed), "each call failed its ext_proc stream")
+		require.Len(t, s.Upstream.Requests(), seen, "nothing reached the upstream, not even the preview")
+		requireRowCounts(t, s, map[string]int{})
+
+		require.NoError(t, s.Idemgate.Start())
+		require.Eventually(t, func() bool {
+			r, err := alice.Status(p.Fingerprint)
+			return err == nil && r.StatusCode == http.StatusOK
+		}, 30*time.Second, 50*time.Millisecond, "Envoy never reached the restarted idemgate")
+		requireExecuted(t, confirm(t, alice, p.ConfirmBody()))
+		require.Equal(t, 1, s.Payments.Executions())
+		requireRowCounts(t, s, map[string]int{"DONE": 1})
+	})
+
+	t.Run("hung", func(t *testing.T) {
+		const messageTimeout = 500 * time.Millisecond
+		s := startStack(t, stack.Options{MessageTimeout: messageTimeout})
+		alice := s.Agent("alice")
+		p := preview(t, alice, transfer("70.00", "acct_pia", "rent"))
+		timeouts := envoyStat(t, s, statMessageTimeouts)
+		seen := len(s.Upstream.Requests())
+
+		require.NoError(t, s.Idemgate.Pause())
+		start := time.Now()
+		r := confirm(t, alice, p.ConfirmBody())
+		took := time.Since(start)
+		require.NoError(t, s.Idemgate.Resume())
+
+		require.Equal(t, http.StatusGatewayTimeout, r.StatusCode, "got %s", r)
+		require.Nil(t, r.Envelope)
+		require.Empty(t, r.Body)
+		// Envoy's timer may fire a few ms early (#41090) and starts after
+		// the request reached Envoy.
+		require.GreaterOrEqual(t, took, messageTimeout*9/10, "Envoy waited message_timeout")
+		require.Equal(t, timeouts+1, envoyStat(t, s, statMessageTimeouts))
+		require.Len(t, s.Upstream.Requests(), seen)
+
+		// Resumed, idemgate finds the stream gone; nothing is left
+		// claimed, and the same confirm executes once.
+		require.Eventually(t, func() bool {
+			r, err := alice.Confirm(p.ConfirmBody())
+			return err == nil && r.StatusCode == http.StatusOK && r.Envelope == nil
+		}, 10*time.Second, 100*time.Millisecond, "the confirm never executed after idemgate resumed")
+		require.Equal(t, 1, s.Payments.Executions())
+		require.Len(t, s.Upstream.Confirms(), 1)
+		requireRowCounts(t, s, map[string]int{"DONE": 1})
+	})
+}
+
+// TestEnvoyMessageTimeoutWithASlowStore: PostgreSQL answers slowly (behind
+// the stack's TCP proxy) and ext_proc's message_timeout is 500 ms: Envoy
+// gives up on idemgate's request-body reply and answers 504 itself; the
+// upstream is never contacted.
+//   - Slower than message_timeout, within store.timeout (2 s): the acquire
+//     succeeds after Envoy gave up, so the reply letting the request through
+//     cannot be sent; idemgate gives the claim back at once and the same
+//     confirm executes right after.
+//   - Slower than store.timeout too: the acquire fails, the background
+//     give-back fails against the same slow store, and the claim waits for
+//     its lease (ttl.in_flight, 3 s here): retries are told in_progress until
+//     then, and nothing executes twice.
+func TestEnvoyMessageTimeoutWithASlowStore(t *testing.T) {
+	const messageTimeout = 500 * time.Millisecond
+	cases := []struct {
+		name    string
+		latency time.Duration
+		// settled is the idemgate log line of the undelivered reply.
+		settled string
+	}{
+		{"slower than message_timeout", 700 * time.Millisecond, "action=abandoned"},
+		{"slower than store.timeout", 2500 * time.Millisecond, "answering temporarily_unavailable"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			const lease = 3 * time.Second
+			s := startStack(t, stack.Options{MessageTimeout: messageTimeout, PostgresThroughProxy: true, InFlightTTL: lease})
+			alice := s.Agent("alice")
+			p := preview(t, alice, transfer("80.00", "acct_quinn", "tools"))
+			timeouts := envoyStat(t, s, statMessageTimeouts)
+			seen := len(s.Upstream.Requests())
+
+			s.PGProxy.SetLatency(tc.latency)
+			start := time.Now()
+			r := confirm(t, alice, p.ConfirmBody())
+			took := time.Since(start)
+			require.Equal(t, http.StatusGatewayTimeout, r.StatusCode, "got %s", r)
+			require.Nil(t, r.Envelope)
+			require.Empty(t, r.Body)
+			require.GreaterOrEqual(t, took, messageTimeout*9/10)
+			require.Less(t, took, tc.latency, "Envoy answered at message_timeout, not after the store")
+			require.Equal(t, timeouts+1, envoyStat(t, s, statMessageTimeouts))
+			require.Len(t, s.Upstream.Requests(), seen)
+
+			// idemgate finished the call after Envoy had given up.
+			rid, err := s.RequestID(r)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				return len(s.Idemgate.LogLines("trace_id="+rid, tc.settled)) > 0
+			}, 10*time.Second, 20*time.Millisecond, "no %q log line for the timed-out confirm", tc.settled)
+			s.PGProxy.SetLatency(0)
+
+			var answers []string
+			require.Eventually(t, func() bool {
+				r, err := alice.Confirm(p.ConfirmBody())
+				if err != nil {
+					return false
+				}
+				if r.Envelope != nil {
+					answers = append(answers, r.Envelope.Status)
+					return false
+				}
+				return r.StatusCode == http.StatusOK
+			}, 3*lease, 100*time.Millisecond, "the confirm never executed once the store was fast (answers: %v)", answers)
+			for _, a := range answers {
+				require.Equal(t, "in_progress", a, "only a claim waiting for its lease may delay the retry")
+			}
+			if tc.settled == "action=abandoned" {
+				require.Empty(t, answers, "a claim given back at once never makes the retry wait")
+			}
+			require.Equal(t, 1, s.Payments.Executions())
+			require.Len(t, s.Upstream.Confirms(), 1)
+			requireRow(t, s, p.Nonce, "DONE")
+		})
 	}
 }
