@@ -405,3 +405,243 @@ func TestEnvoyMessageTimeoutWithASlowStore(t *testing.T) {
 		})
 	}
 }
+
+// idemgateDecisions is the sum of idemgate's decisions over every label set.
+func idemgateDecisions(t *testing.T, s *stack.Stack) float64 {
+	t.Helper()
+	v, err := s.Idemgate.MetricSum("idemgate_decisions_total")
+	require.NoError(t, err)
+	return v
+}
+
+// TestEnvoyDisabledRoutesNeverReachIdemgate: routes with ext_proc disabled
+// (typed_per_filter_config) open no ext_proc stream at all — the health
+// check, the near-miss spellings of the operation paths that envoy.yaml
+// answers 404, and the catch-all route to the payments API.
+func TestEnvoyDisabledRoutesNeverReachIdemgate(t *testing.T) {
+	s := startStack(t, stack.Options{})
+	alice := s.Agent("alice")
+	streams, decisions := envoyStat(t, s, statStreamsStarted), idemgateDecisions(t, s)
+	passthrough := metric(t, s, "idemgate_passthrough_streams_total")
+	seen := len(s.Upstream.Requests())
+
+	resp, err := http.Get(s.URL() + "/healthz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	for _, target := range []string{"/v1/transfers/confirm/", "/v1/transfers/Confirm", "/v1/transfers/preview.json"} {
+		r, err := alice.RawPost(target, map[string]any{"amount": "1.00"})
+		require.NoError(t, err)
+		require.Equal(t, http.StatusNotFound, r.StatusCode, "%s: got %s", target, r)
+		require.Equal(t, "not found: use the exact operation path\n", string(r.Body))
+	}
+	for _, path := range []string{"/v1/accounts", "/v1/transfers/by-key/" + strings.Repeat("0", 32)} {
+		r, err := alice.Post(path, map[string]any{}, nil)
+		require.NoError(t, err)
+		require.Contains(t, []int{http.StatusNotFound, http.StatusMethodNotAllowed}, r.StatusCode, "%s: got %s", path, r)
+	}
+
+	// Envoy opened no stream, idemgate decided nothing, and the catch-all
+	// requests reached the upstream unprocessed.
+	require.Equal(t, streams, envoyStat(t, s, statStreamsStarted), "no ext_proc stream on a disabled route")
+	require.Equal(t, decisions, idemgateDecisions(t, s))
+	require.Equal(t, passthrough, metric(t, s, "idemgate_passthrough_streams_total"))
+	reached := s.Upstream.Requests()[seen:]
+	require.Len(t, reached, 2, "the catch-all requests reach the upstream: %v", reached)
+	for _, r := range reached {
+		require.False(t, r.Confirm)
+	}
+
+	// An operation route does open one (the counters above can move).
+	preview(t, alice, transfer("1.00", "acct_ron", "x"))
+	require.Equal(t, streams+1, envoyStat(t, s, statStreamsStarted))
+	require.Equal(t, decisions+1, idemgateDecisions(t, s))
+}
+
+// TestEnvoyStripsTheClientsSubjectHeader: x-idemgate-subject is the header
+// idemgate trusts; the shipped config removes every client copy before any
+// filter reads it and sets it from the verified JWT's sub. idemgate's
+// security event carries the keyed tag of the subject it used — bob's, not
+// the alice bob wrote into the header — and the upstream, which sees the
+// header map idemgate saw, gets exactly one value: bob.
+func TestEnvoyStripsTheClientsSubjectHeader(t *testing.T) {
+	s := startStack(t, stack.Options{})
+	alice, bob := s.Agent("alice"), s.Agent("bob")
+	aliceTag, err := s.SubjectTag("alice")
+	require.NoError(t, err)
+	bobTag, err := s.SubjectTag("bob")
+	require.NoError(t, err)
+	p := preview(t, alice, transfer("500.00", "acct_frank", "deposit"))
+
+	// Two client copies of the header, in two spellings.
+	spoof := []string{"X-Idemgate-Subject: alice", "x-idemgate-subject: alice"}
+	r, err := bob.RawPost(confirmTarget, p.ConfirmBody(), spoof...)
+	require.NoError(t, err)
+	e := requireEnvelope(t, s, r, http.StatusForbidden, "fingerprint_subject_mismatch", false)
+	requireSecurityAlert(t, s, "fingerprint_subject_mismatch", e.TraceID)
+	line := s.Idemgate.LogLines("event=security_alert", "trace_id="+e.TraceID)[0]
+	require.Contains(t, line, "subject_tag="+bobTag, "idemgate used the JWT's subject")
+	require.NotContains(t, line, aliceTag)
+
+	// bob's own confirm with the spoofed header executes as bob.
+	bp := preview(t, bob, transfer("5.00", "acct_sam", "lunch"))
+	r, err = bob.RawPost(confirmTarget, bp.ConfirmBody(), spoof...)
+	require.NoError(t, err)
+	requireExecuted(t, r)
+	calls := s.Upstream.Confirms()
+	require.Len(t, calls, 1)
+	require.Equal(t, []string{"bob"}, calls[0].Subject, "only the JWT's subject is forwarded")
+
+	// Without a JWT the header gets nobody past jwt_authn: its 401 comes
+	// before ext_proc sees the request. (Real Envoy 1.40 still opens an
+	// ext_proc stream for the 401 itself, which starts at response_headers;
+	// idemgate, with no request on that stream, lets it pass.)
+	streams, decisions := envoyStat(t, s, statStreamsStarted), idemgateDecisions(t, s)
+	r, err = s.AnonymousAgent().RawPost(confirmTarget, p.ConfirmBody(), spoof...)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusUnauthorized, r.StatusCode, "got %s", r)
+	require.Equal(t, "Jwt is missing", string(r.Body))
+	require.Equal(t, streams+1, envoyStat(t, s, statStreamsStarted), "a stream for the local reply only")
+	require.Equal(t, decisions, idemgateDecisions(t, s))
+
+	// Header names with underscores are refused by Envoy's HTTP/1 codec
+	// (some upstreams treat x_idemgate_subject as x-idemgate-subject). Real
+	// Envoy 1.40 then runs its 400 through ext_proc's response phase on a
+	// stream of its own, and closes the connection before idemgate's
+	// answer arrives: the client sees the connection close, not the 400.
+	// Either way idemgate decides nothing and the upstream sees nothing.
+	r, err = bob.ConfirmWith(p.ConfirmBody(), http.Header{"X_idemgate_subject": {"alice"}})
+	if err == nil {
+		require.Equal(t, http.StatusBadRequest, r.StatusCode, "got %s", r)
+	}
+	require.Equal(t, decisions, idemgateDecisions(t, s))
+
+	require.Len(t, s.Upstream.Confirms(), 1)
+	require.Equal(t, 1, s.Payments.Executions())
+	requireRowCounts(t, s, map[string]int{"DONE": 1})
+}
+
+// TestEnvoyRequestIDIsTheTraceID: the shipped HCM (use_remote_address,
+// edge) replaces a client's x-request-id with its own; that id is the
+// trace_id of idemgate's envelopes and security events, and the one the
+// upstream receives.
+func TestEnvoyRequestIDIsTheTraceID(t *testing.T) {
+	s := startStack(t, stack.Options{})
+	alice := s.Agent("alice")
+	p := preview(t, alice, transfer("60.00", "acct_tom", "gift"))
+	const clientID = "client-chosen-request-id"
+	clientHeader := http.Header{"X-Request-Id": {clientID}}
+
+	tampered := p.ConfirmBody()
+	tampered["amount"] = "600.00"
+	r, err := alice.ConfirmWith(tampered, clientHeader)
+	require.NoError(t, err)
+	e := requireEnvelope(t, s, r, http.StatusUnprocessableEntity, "params_changed", false) // trace_id == Envoy's access log id
+	require.NotEqual(t, clientID, e.TraceID)
+	requireSecurityAlert(t, s, "params_changed", e.TraceID)
+
+	r, err = alice.ConfirmWith(p.ConfirmBody(), clientHeader)
+	require.NoError(t, err)
+	requireExecuted(t, r)
+	rid, err := s.RequestID(r)
+	require.NoError(t, err)
+	require.NotEqual(t, clientID, rid)
+	calls := s.Upstream.Confirms()
+	require.Len(t, calls, 1)
+	require.Equal(t, rid, calls[0].RequestID, "the upstream gets Envoy's x-request-id")
+
+	st, err := alice.Post("/v1/transfers/status", map[string]any{"fingerprint": p.Fingerprint}, clientHeader)
+	require.NoError(t, err)
+	e = requireEnvelope(t, s, st, http.StatusOK, "completed", false)
+	require.NotEqual(t, clientID, e.TraceID)
+}
+
+// TestEnvoyConfirmPathVariants: spellings of the confirm path that a
+// normalising router (Go's ServeMux in the payments API cleans dot segments
+// and double slashes and unescapes %6F) could deliver to the confirm
+// handler. Each is sent on a raw request line with a fresh, valid
+// fingerprint. Envoy either normalises it to the exact confirm route,
+// where idemgate checks it (the upstream gets the fingerprint's
+// Idempotency-Key and a record exists), or refuses it (404 near-miss
+// route, 307 redirect to the unescaped path, 400). The upstream's confirm
+// handler never runs for a confirm idemgate did not check.
+func TestEnvoyConfirmPathVariants(t *testing.T) {
+	const (
+		checked = "checked"
+		refused = "refused"
+	)
+	variants := []struct {
+		target string
+		want   string
+		status int
+	}{
+		{"/v1/transfers/confirm?x=1", checked, 200},
+		{"/v1/transfers/co%6Efirm?a=b", checked, 200},
+		{"/v1/transfers//confirm", checked, 200},     // merge_slashes
+		{"//v1/transfers/confirm", checked, 200},     // merge_slashes
+		{"/v1/transfers/c%6Fnfirm", checked, 200},    // normalize_path decodes unreserved characters
+		{"/v1/transfers/c%6fnfirm", checked, 200},    //
+		{"/v1/transfers/%63onfirm", checked, 200},    //
+		{"/v1/transfers/./confirm", checked, 200},    // normalize_path removes dot segments
+		{"/v1/./transfers/confirm", checked, 200},    //
+		{"/v1/transfers/x/../confirm", checked, 200}, //
+		{"/v1/transfers/%2e/confirm", checked, 200},  //
+		{"/v1/transfers/x/%2e%2e/confirm", checked, 200},
+		{"/v1/transfers/x/..;/confirm", checked, 200}, // 1.40 strips ..; and .; segments
+		{"/v1/transfers/.;/confirm", checked, 200},
+		{`/v1/transfers\confirm`, checked, 200}, // a backslash becomes a slash
+		{"http://payments.example/v1/transfers/confirm", checked, 200},
+		{"/v1/transfers/confirm/", refused, 404}, // operation_near_miss
+		{"/v1/transfers/confirm;x", refused, 404},
+		{"/v1/transfers/confirm.json", refused, 404},
+		{"/V1/TRANSFERS/CONFIRM", refused, 404},
+		{"/v1/transfers/Confirm", refused, 404},
+		{"/v1/transfers/confirm%20", refused, 404},
+		{"/v1/transfers/confirm%3B", refused, 404},
+		{"/v1/transfers/confirm/.", refused, 404},
+		{"/v1/transfers%2Fconfirm", refused, 307}, // UNESCAPE_AND_REDIRECT
+		{"/v1/transfers%2fconfirm", refused, 307},
+		{"/v1%2Ftransfers%2Fconfirm", refused, 307},
+		{"/v1/transfers/x/..%2Fconfirm", refused, 307},
+		{"/v1/transfers/confirm%2F", refused, 307},
+		{"/v1/transfers/confirm#frag", refused, 400},
+		// Normalised to /v1/transfers/: the catch-all, which payments
+		// does not route to the confirm handler.
+		{"/v1/transfers/confirm/..", refused, 404},
+	}
+	s := startStack(t, stack.Options{})
+	alice := s.Agent("alice")
+	executions := 0
+	for _, v := range variants {
+		p := preview(t, alice, transfer("3.00", "acct_uma", v.target))
+		before := len(s.Upstream.Confirms())
+		acquired := metric(t, s, `idemgate_decisions_total{operation="transfer",outcome="acquired",route="confirm"}`)
+		r, err := alice.RawPost(v.target, p.ConfirmBody())
+		require.NoError(t, err, v.target)
+		calls := s.Upstream.Confirms()[before:]
+		require.Equal(t, v.status, r.StatusCode, "%s: got %s", v.target, r)
+
+		switch v.want {
+		case checked:
+			executions++
+			requireExecuted(t, r)
+			require.Len(t, calls, 1, v.target)
+			require.Equal(t, p.Nonce, calls[0].IdempotencyKey, "%s reached the upstream without idemgate's key", v.target)
+			require.Equal(t, acquired+1, metric(t, s, `idemgate_decisions_total{operation="transfer",outcome="acquired",route="confirm"}`), v.target)
+			requireRow(t, s, p.Nonce, "DONE")
+		case refused:
+			require.Empty(t, calls, "%s reached the confirm handler", v.target)
+			n, err := s.RowsOf(p.Nonce)
+			require.NoError(t, err)
+			require.Zero(t, n, "%s claimed the fingerprint", v.target)
+			if v.status == http.StatusTemporaryRedirect {
+				// The redirect names the unescaped path: the exact route.
+				require.NotContains(t, r.Header.Get("Location"), "%2")
+			}
+		}
+		require.Equal(t, executions, s.Payments.Executions(), v.target)
+	}
+	for _, c := range s.Upstream.Confirms() {
+		require.NotEmpty(t, c.IdempotencyKey, "the confirm handler ran without idemgate: %s", c.RequestURI)
+	}
+}
