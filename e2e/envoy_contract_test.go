@@ -645,3 +645,27 @@ func TestEnvoyConfirmPathVariants(t *testing.T) {
 		require.NotEmpty(t, c.IdempotencyKey, "the confirm handler ran without idemgate: %s", c.RequestURI)
 	}
 }
+
+// TestEnvoyWithoutPathNormalisationConfirmsSlipPast is the counter-proof of
+// TestEnvoyConfirmPathVariants: the same stack with envoy.yaml's
+// normalize_path, merge_slashes and path_with_escaped_slashes_action turned
+// off. /v1/transfers/c%6Fnfirm then matches no operation route, takes the
+// catch-all (idemgate disabled), and Go's ServeMux unescapes it and runs
+// the confirm handler: executed with no record and no key — with a
+// downstream that ignores keys, every such retry pays again.
+func TestEnvoyWithoutPathNormalisationConfirmsSlipPast(t *testing.T) {
+	s := startStack(t, stack.Options{WithoutPathNormalisation: true, DownstreamIgnoresKeys: true})
+	alice := s.Agent("alice")
+	p := preview(t, alice, transfer("9.00", "acct_vic", "unchecked"))
+	for range 2 {
+		r, err := alice.RawPost("/v1/transfers/c%6Fnfirm", p.ConfirmBody())
+		require.NoError(t, err)
+		requireExecuted(t, r)
+	}
+	require.Equal(t, 2, s.Payments.Executions(), "the unnormalised path paid twice")
+	for _, c := range s.Upstream.Confirms() {
+		require.Equal(t, "/v1/transfers/c%6Fnfirm", c.RequestURI)
+		require.Empty(t, c.IdempotencyKey)
+	}
+	requireRowCounts(t, s, map[string]int{})
+}

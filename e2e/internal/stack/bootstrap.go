@@ -47,6 +47,10 @@ type bootstrapEdits struct {
 	// when set (envoy.yaml: a downstream that ignores keys must not be
 	// retried on reset).
 	confirmRetryOn string
+	// rawPaths turns off the HCM's path normalisation (normalize_path,
+	// merge_slashes, escaped slashes kept): only for the test that shows
+	// why envoy.yaml normalises.
+	rawPaths bool
 }
 
 // renderBootstrap returns the shipped envoy.yaml with edits applied, as YAML.
@@ -121,6 +125,11 @@ func renderBootstrap(e bootstrapEdits) ([]byte, error) {
 			}); err != nil {
 				return err
 			}
+		}
+		if e.rawPaths {
+			h.NormalizePath = nil
+			h.MergeSlashes = false
+			h.PathWithEscapedSlashesAction = hcmv3.HttpConnectionManager_KEEP_UNCHANGED
 		}
 		if e.messageTimeout > 0 {
 			return setMessageTimeout(h, e.messageTimeout)

@@ -57,6 +57,10 @@ type Options struct {
 	// MessageTimeout replaces ext_proc's message_timeout when > 0 (the
 	// stack's default is extProcMessageTimeout).
 	MessageTimeout time.Duration
+	// WithoutPathNormalisation turns off envoy.yaml's normalize_path,
+	// merge_slashes and path_with_escaped_slashes_action: only to show what
+	// they prevent.
+	WithoutPathNormalisation bool
 }
 
 // Stack is one running deployment.
@@ -161,6 +165,7 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		confirmRouteTimeout: opts.ConfirmRouteTimeout,
 		messageTimeout:      cmp.Or(opts.MessageTimeout, extProcMessageTimeout),
 		confirmRetryOn:      confirmRetryOn(opts),
+		rawPaths:            opts.WithoutPathNormalisation,
 	})
 	if err != nil {
 		t.Fatal(err)
