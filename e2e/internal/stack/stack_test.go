@@ -146,6 +146,24 @@ func TestBootstrapEdits(t *testing.T) {
 	}
 	require.True(t, found)
 
+	// The retry and path edits, for the tests that need them.
+	edited, err := renderBootstrap(bootstrapEdits{confirmRetryOn: "connect-failure", rawPaths: true})
+	require.NoError(t, err)
+	js, err = yaml.YAMLToJSON(edited)
+	require.NoError(t, err)
+	var ebs bootstrapv3.Bootstrap
+	require.NoError(t, protojson.Unmarshal(js, &ebs))
+	var eh hcmv3.HttpConnectionManager
+	require.NoError(t, ebs.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&eh))
+	require.False(t, eh.GetNormalizePath().GetValue())
+	require.False(t, eh.GetMergeSlashes())
+	require.True(t, h.GetNormalizePath().GetValue(), "as shipped, paths are normalised")
+	for _, r := range eh.GetRouteConfig().GetVirtualHosts()[0].GetRoutes() {
+		if r.GetName() == confirmRouteName {
+			require.Equal(t, "connect-failure", r.GetRoute().GetRetryPolicy().GetRetryOn())
+		}
+	}
+
 	// Envoy itself accepts the edited file (and the unedited one).
 	requireEnvoyValidates(t, out)
 	out, err = renderBootstrap(bootstrapEdits{})
