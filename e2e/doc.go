@@ -97,12 +97,12 @@
 //	... and what slips past without path normalisation    TestEnvoyWithoutPathNormalisationConfirmsSlipPast
 //
 // Where Envoy 1.40 differs from ../shared/reference/envoy-ext-proc-behaviour.md
-// the tests follow the binary: the router's own 504 (route timeout) and 503
-// (reset) reach ext_proc's response phase once the request phase is done
-// (idemgate treats them like an upstream 5xx: ambiguous), and so do
-// jwt_authn's 401 and the codec's 400, each on a stream that starts at the
-// response headers; only replies made while ext_proc itself holds the
-// message (413 while buffering the request, 500 for a response over the
-// buffer limit) skip it, and then idemgate settles the claim when its
-// stream ends.
+// the tests follow the binary: Envoy's own local replies do reach
+// ext_proc's response phase — the router's 504 (route timeout) and 503
+// (reset) and the 413 of a request over the buffer limit on the request's
+// stream, jwt_authn's 401 and the codec's 400 on a stream of their own
+// that starts at the response headers. idemgate treats a 5xx after a claim
+// as ambiguous, as it would an upstream's. Of the replies seen, only the
+// 500 for a response over the buffer limit (made while ext_proc holds that
+// response) skips it; then idemgate settles the claim when its stream ends.
 package e2e

@@ -31,6 +31,7 @@ const (
 	statStreamsStarted  = "http.ingress_http.ext_proc.streams_started"
 	statStreamsFailed   = "http.ingress_http.ext_proc.streams_failed"
 	statMessageTimeouts = "http.ingress_http.ext_proc.message_timeouts"
+	statMsgsSent        = "http.ingress_http.ext_proc.stream_msgs_sent"
 )
 
 // settledWithin waits until idemgate counted one settlement with result and
@@ -47,8 +48,9 @@ func settledWithin(t *testing.T, s *stack.Stack, result string, within time.Dura
 // TestEnvoyLocalRepliesSettleTheClaim: Envoy answers a confirm that
 // idemgate let through with a reply of its own — the route timeout (504),
 // an upstream reset on every try (503), an upstream answer larger than the
-// buffer limit (500). None of them goes through ext_proc's response phase:
-// idemgate sees its stream end after the request phase and settles the
+// buffer limit (500). No upstream answer reaches idemgate: Envoy 1.40 shows
+// it the 504 and 503 as response headers (an ambiguous 5xx), and ends the
+// stream without a response for the 500. Either way idemgate settles the
 // claim at once — released for a downstream that honours keys (the retry
 // re-sends the same key), UNKNOWN for one that ignores them — instead of
 // leaving it IN_FLIGHT for the 2 minute lease.
@@ -61,9 +63,9 @@ func TestEnvoyLocalRepliesSettleTheClaim(t *testing.T) {
 		status int
 		body   string // what Envoy writes
 		// why is the reason idemgate logs: Envoy sends the router's own
-		// 504 and 503 through ext_proc's response phase (the request
-		// phase had completed); the 500 for an answer over the buffer
-		// limit comes while ext_proc is buffering and never reaches it.
+		// 504 and 503 through ext_proc's response phase; the 500 for an
+		// answer over the buffer limit comes while ext_proc holds that
+		// answer and never reaches it.
 		why        string
 		executions int // by payments (a held answer executes nothing)
 		// upstreamTries is what reached the upstream for the one confirm.
@@ -127,8 +129,13 @@ func TestEnvoyLocalRepliesSettleTheClaim(t *testing.T) {
 				p := preview(t, alice, transfer("12.34", "acct_ken", "parking"))
 
 				tc.arm(s, ignoresKeys)
+				sent := envoyStat(t, s, statMsgsSent)
 				r := confirm(t, alice, p.ConfirmBody())
 				answered := time.Now()
+				// request headers, request body, response headers: the 504
+				// and 503 as the response headers, the 500 not at all (the
+				// upstream's 200 headers were the third).
+				require.Equal(t, sent+3, envoyStat(t, s, statMsgsSent), "ext_proc messages Envoy sent for the confirm")
 
 				// The client: Envoy's own reply, not an envelope.
 				require.Equal(t, tc.status, r.StatusCode, "got %s", r)
@@ -212,10 +219,12 @@ func TestEnvoyLocalRepliesSettleTheClaim(t *testing.T) {
 // TestEnvoyRequestBodyOverTheBufferLimit: a confirm body over 1 MiB (the
 // listener's per_connection_buffer_limit_bytes, equal to idemgate's
 // limits.max_body_bytes). With a content-length idemgate refuses it from
-// the headers alone (413 request_too_large envelope) before Envoy buffers
-// anything; chunked, nobody knows the size in advance, Envoy's buffer
-// overflows and Envoy answers 413 itself — idemgate saw only the request
-// headers of that stream. Either way nothing is claimed or executed.
+// the headers alone (413 request_too_large envelope); chunked, nobody knows
+// the size in advance, Envoy's buffer overflows and Envoy answers 413
+// itself. Either way nothing is claimed or executed. (Unlike the reference
+// notes, Envoy 1.40 runs its 413 through ext_proc's response phase on the
+// same stream — response headers, then the body "Payload Too Large" — which
+// idemgate, holding no claim, lets pass.)
 func TestEnvoyRequestBodyOverTheBufferLimit(t *testing.T) {
 	s := startStack(t, stack.Options{})
 	alice := s.Agent("alice")
