@@ -27,6 +27,16 @@ type vectorFile struct {
 	Numbers   []numberVector    `json:"numbers"`
 	Canonical []canonicalVector `json:"canonical"`
 	Tokens    []tokenVector     `json:"tokens"`
+	Refused   []refusedVector   `json:"refused"`
+}
+
+// refusedVector is a body Select must refuse (the binding rule): error is
+// "ambiguous_key" or "ambiguous_value".
+type refusedVector struct {
+	Name   string        `json:"name"`
+	Params []paramVector `json:"params"`
+	Body   string        `json:"body"`
+	Error  string        `json:"error"`
 }
 
 type numberVector struct {
@@ -42,8 +52,17 @@ type canonicalVector struct {
 }
 
 type paramVector struct {
-	Path string `json:"path"`
-	Type string `json:"type,omitempty"` // "" or "decimal"
+	Path      string `json:"path"`
+	Type      string `json:"type,omitempty"`      // "" or "decimal"
+	Normalize string `json:"normalize,omitempty"` // "" or "nfc"
+}
+
+func vectorParams(in []paramVector) []Param {
+	params := make([]Param, 0, len(in))
+	for _, p := range in {
+		params = append(params, Param{Path: p.Path, Decimal: p.Type == "decimal", NFC: p.Normalize == "nfc"})
+	}
+	return params
 }
 
 type tokenVector struct {
@@ -119,6 +138,31 @@ func TestGoldenVectors(t *testing.T) {
 		require.Equal(t, *v.Expected, *got, v.Name)
 	}
 
+	require.NotEmpty(t, vf.Refused)
+	for i := range vf.Refused {
+		v := &vf.Refused[i]
+		sel, err := NewSelector(vectorParams(v.Params), Limits{})
+		require.NoError(t, err, v.Name)
+		doc, err := ParseJSON([]byte(v.Body), 0)
+		require.NoError(t, err, v.Name)
+		_, err = sel.Select(doc, nil)
+		got := ""
+		switch {
+		case errors.Is(err, ErrAmbiguousKey):
+			got = "ambiguous_key"
+		case errors.Is(err, ErrAmbiguousValue):
+			got = "ambiguous_value"
+		case err != nil:
+			got = "invalid"
+		}
+		if *update {
+			v.Error = got
+			continue
+		}
+		require.NotEmpty(t, got, "refused vector %q was accepted", v.Name)
+		require.Equal(t, v.Error, got, v.Name)
+	}
+
 	if *update {
 		var buf bytes.Buffer
 		enc := json.NewEncoder(&buf)
@@ -152,11 +196,7 @@ func tokenVectorResult(t *testing.T, v *tokenVector) *tokenExpected {
 	}
 	ring, err := NewKeyRing(v.ActiveKey, keys)
 	require.NoError(t, err, v.Name)
-	params := make([]Param, 0, len(v.Params))
-	for _, p := range v.Params {
-		params = append(params, Param{Path: p.Path, Decimal: p.Type == "decimal"})
-	}
-	sel, err := NewSelector(params, Limits{})
+	sel, err := NewSelector(vectorParams(v.Params), Limits{})
 	require.NoError(t, err, v.Name)
 	doc, err := ParseJSON([]byte(v.Body), 0)
 	require.NoError(t, err, v.Name)
