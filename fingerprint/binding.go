@@ -288,3 +288,35 @@ func checkBoundString(s string) error {
 	}
 	return nil
 }
+
+// CheckKey applies the binding rule to one top-level member: it refuses
+// (with an *AmbiguousKeyError) a doc object holding a key that equals key
+// ignoring case without being byte-identical (naming it and key, if
+// present), or a key holding U+0000. The server uses it for the
+// fingerprint field, which it reads itself and which is not a param;
+// unrelated case twins are the params' business (Select).
+func CheckKey(doc any, key string) error {
+	obj, ok := doc.(map[string]any)
+	if !ok {
+		return nil
+	}
+	f := foldKey(key)
+	var c bindChecker
+	for k := range obj {
+		if (k != key && foldKey(k) == f) || strings.IndexByte(k, 0) >= 0 {
+			c.report(k)
+		}
+	}
+	if len(c.offending) == 0 {
+		return nil
+	}
+	if _, ok := obj[key]; ok {
+		c.report(key)
+	}
+	slices.Sort(c.offending)
+	if len(c.offending) > maxReportedPaths {
+		more := len(c.offending) - maxReportedPaths
+		c.offending = append(c.offending[:maxReportedPaths], fmt.Sprintf("(%d more)", more))
+	}
+	return &AmbiguousKeyError{Paths: c.offending}
+}
