@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/text/unicode/norm"
 
 	"github.com/idemgate/idemgate/fingerprint"
 )
@@ -26,7 +27,9 @@ import (
 
 // previewedBody is the confirm body of the previewed transfer, fingerprint
 // field included (its value is opaque here).
-const previewedBody = `{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_7731","name":"Alice"},"memo":"rent","fingerprint":"fp.token"}`
+// The account id holds an "é" (U+00E9) so that its NFD spelling is another
+// account to the upstream (issue 11, fourth row).
+const previewedBody = `{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_caf\u00e9","name":"Alice"},"memo":"rent","fingerprint":"fp.token"}`
 
 // demoParams are the demo operation's params (cmd/idemgate's demo config).
 var demoParams = []fingerprint.Param{{Path: "amount", Decimal: true}, {Path: "currency"}, {Path: "payee.account_id"}}
@@ -204,24 +207,54 @@ func (fx bindingFixture) checkBody(t *testing.T, body []byte) {
 	}
 }
 
-func FuzzBinding(f *testing.F) {
-	fx := newBindingFixture(f)
-	f.Add([]byte(previewedBody), []byte{})
+// bindingSeed is one fuzz input: a body and a mutation program.
+type bindingSeed struct{ body, ops []byte }
+
+// bindingSeeds are FuzzBinding's seeds (the committed corpus adds to them):
+// every mutation with a few arguments, and the bodies of issue 11.
+func bindingSeeds() []bindingSeed {
+	seeds := []bindingSeed{{[]byte(previewedBody), []byte{}}}
 	for op := range byte(opCount) {
 		for _, arg := range []byte{0, 1, 2, 3, 5, 7, 11, 200} {
-			f.Add([]byte(previewedBody), []byte{op, arg, arg + 1, arg + 2})
+			seeds = append(seeds, bindingSeed{[]byte(previewedBody), []byte{op, arg, arg + 1, arg + 2}})
 		}
 	}
-	f.Add([]byte(`{"amount":250,"currency":"EUR","payee":{"account_id":"acc_7731"}}`), []byte{opKeyEscape, 1, opRespellAmount, 3})
-	f.Add([]byte(`{"AMOUNT":"2500.00","amount":"250.00","currency":"EUR","payee":{"account_id":"acc_7731"}}`), []byte{})
-	f.Add([]byte(`{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_7731","Account_Id":"acc_EVIL"}}`), []byte{})
-	f.Add([]byte(`{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_7731"},"PAYEE":{"account_id":"acc_EVIL2"}}`), []byte{})
-	f.Add([]byte(`{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_cafe\u0301"}}`), []byte{opCaseVariant, 9, opNFD, 1})
+	for _, b := range []string{
+		`{"amount":250,"currency":"EUR","payee":{"account_id":"acc_caf\u00e9"}}`,
+		`{"amount":"250.00","AMOUNT":"2500.00","currency":"EUR","payee":{"account_id":"acc_caf\u00e9"}}`,
+		`{"AMOUNT":"2500.00","amount":"250.00","currency":"EUR","payee":{"account_id":"acc_caf\u00e9"}}`,
+		`{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_caf\u00e9","Account_Id":"acc_EVIL"}}`,
+		`{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_caf\u00e9"},"PAYEE":{"account_id":"acc_EVIL2"}}`,
+		`{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_cafe\u0301"}}`,
+		`{"amount":"250.00","amount":"2500.00","currency":"EUR","payee":{"account_id":"acc_caf\u00e9"}}`,
+		`{"amount":2.5e2,"currency":"\u0045UR","payee":{"account_id":"acc\u005fcaf\u00e9"}}`,
+	} {
+		seeds = append(seeds, bindingSeed{[]byte(b), []byte{}})
+	}
+	seeds = append(seeds,
+		bindingSeed{[]byte(previewedBody), []byte{opKeyEscape, 1, opRespellAmount, 3}},
+		bindingSeed{[]byte(previewedBody), []byte{opCaseVariant, 9, opNFD, 1}},
+		bindingSeed{[]byte(previewedBody), []byte{opEscapes, 15, opWhitespace, 2, opReorder, 0, 1}},
+	)
+	return seeds
+}
+
+func FuzzBinding(f *testing.F) {
+	fx := newBindingFixture(f)
+	for _, s := range bindingSeeds() {
+		f.Add(s.body, s.ops)
+	}
 	f.Fuzz(func(t *testing.T, body []byte, ops []byte) {
-		fx.checkBody(t, body)
-		fx.checkBody(t, mutateBody(previewedBody, ops))
-		fx.checkBody(t, mutateBody(string(body), ops))
+		for _, b := range bindingBodies(body, ops) {
+			fx.checkBody(t, b)
+		}
 	})
+}
+
+// bindingBodies are the bodies one fuzz input stands for: the body itself,
+// the previewed body mutated by ops, and the body mutated by ops.
+func bindingBodies(body, ops []byte) [][]byte {
+	return [][]byte{body, mutateBody(previewedBody, ops), mutateBody(string(body), ops)}
 }
 
 // --- a mutator that knows JSON -------------------------------------------
@@ -340,7 +373,7 @@ const (
 )
 
 var (
-	evilStrings = []string{"2500.00", "acc_EVIL", "acc_7731", "", "USD", "250.00", "acc_7731\x00", "ACC_7731", "acc_7731 ", "acc_7731" + loneSurrogate}
+	evilStrings = []string{"2500.00", "acc_EVIL", "acc_cafe\u0301", "acc_caf\u00e9", "acc_CAF\u00c9", "acc_7731", "", "USD", "250.00", "acc_7731\x00", "ACC_7731", "acc_7731 ", "acc_7731" + loneSurrogate}
 	// foldVariants spell a key other ways that Go's encoding/json (or .NET,
 	// Java) match ignoring case.
 	foldVariants = []func(string) string{
@@ -458,7 +491,7 @@ func mutateBody(base string, ops []byte) []byte {
 			ss := root.strings(nil)
 			if len(ss) > 0 {
 				s := ss[arg(&i)%len(ss)]
-				s.text = []string{s.text + "\u0301", strings.ReplaceAll(s.text, "e", "e\u0301"), strings.ReplaceAll(s.text, "a", "\u00e1"), "acc_caf\u00e9", "acc_cafe\u0301"}[arg(&i)%5]
+				s.text = []string{norm.NFD.String(s.text), norm.NFKC.String(s.text), s.text + "\u0301", strings.ReplaceAll(s.text, "a", "\u00e1"), "acc_caf\u00e9", "acc_cafe\u0301"}[arg(&i)%6]
 			}
 		case opKeyEscape:
 			st.escapeAll = true
