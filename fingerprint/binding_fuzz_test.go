@@ -378,7 +378,12 @@ var (
 	// Java) match ignoring case.
 	foldVariants = []func(string) string{
 		strings.ToUpper,
-		func(s string) string { return strings.ToUpper(s[:1]) + s[1:] },
+		func(s string) string {
+			if s == "" {
+				return "\x00"
+			}
+			return strings.ToUpper(s[:1]) + s[1:]
+		},
 		func(s string) string { return strings.ReplaceAll(s, "k", "\u212a") },
 		func(s string) string { return strings.ReplaceAll(s, "s", "\u017f") },
 		func(s string) string { return strings.ReplaceAll(s, "i", "\u0131") },
