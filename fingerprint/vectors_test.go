@@ -27,7 +27,15 @@ type vectorFile struct {
 	Numbers   []numberVector    `json:"numbers"`
 	Canonical []canonicalVector `json:"canonical"`
 	Tokens    []tokenVector     `json:"tokens"`
-	Refused   []refusedVector   `json:"refused"`
+}
+
+// bindingVectorsFile holds the bodies the binding rule refuses; a file of its
+// own, since readers of vectors.json refuse members they do not know.
+const bindingVectorsFile = "testdata/binding_vectors.json"
+
+type bindingVectorFile struct {
+	Comment []string        `json:"comment"`
+	Refused []refusedVector `json:"refused"`
 }
 
 // refusedVector is a body Select must refuse (the binding rule): error is
@@ -138,9 +146,15 @@ func TestGoldenVectors(t *testing.T) {
 		require.Equal(t, *v.Expected, *got, v.Name)
 	}
 
-	require.NotEmpty(t, vf.Refused)
-	for i := range vf.Refused {
-		v := &vf.Refused[i]
+	braw, err := os.ReadFile(bindingVectorsFile)
+	require.NoError(t, err)
+	var bf bindingVectorFile
+	bdec := json.NewDecoder(bytes.NewReader(braw))
+	bdec.DisallowUnknownFields()
+	require.NoError(t, bdec.Decode(&bf))
+	require.NotEmpty(t, bf.Refused)
+	for i := range bf.Refused {
+		v := &bf.Refused[i]
 		sel, err := NewSelector(vectorParams(v.Params), Limits{})
 		require.NoError(t, err, v.Name)
 		doc, err := ParseJSON([]byte(v.Body), 0)
@@ -171,6 +185,10 @@ func TestGoldenVectors(t *testing.T) {
 		require.NoError(t, enc.Encode(vf))
 		require.NoError(t, os.WriteFile(filepath.Clean(vectorsFile), buf.Bytes(), 0o644))
 		t.Logf("rewrote %s", vectorsFile)
+		buf.Reset()
+		require.NoError(t, enc.Encode(bf))
+		require.NoError(t, os.WriteFile(filepath.Clean(bindingVectorsFile), buf.Bytes(), 0o644))
+		t.Logf("rewrote %s", bindingVectorsFile)
 	}
 }
 
