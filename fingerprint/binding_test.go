@@ -63,6 +63,9 @@ func TestBindingRefusesAmbiguousKeys(t *testing.T) {
 			`{"items":[{"x":1,"X":2},{"sku":"A","Sku":"B"}]}`, []string{`$["items"][1]["Sku"]`, `$["items"][1]["sku"]`}},
 		{"inside a bound array", []fingerprint.Param{{Path: "items"}},
 			`{"items":[{"sku":"A"},[{"q":1,"Q":2}]]}`, []string{`$["items"][1][0]["Q"]`, `$["items"][1][0]["q"]`}},
+		{"delimiters dropped (Go json/v2 case:ignore)", bindParams,
+			`{"amount":"1","payee":{"account_id":"a","accountId":"b","Account-ID":"c"}}`,
+			[]string{`$["payee"]["Account-ID"]`, `$["payee"]["accountId"]`, `$["payee"]["account_id"]`}},
 		{"U+0000 in a key", bindParams,
 			`{"amount\u0000":"2500.00","amount":"1","payee":{"account_id":"x"}}`, []string{`$["amount\u0000"]`}},
 		{"a key cannot inject text", []fingerprint.Param{{Path: "payee"}},
@@ -93,7 +96,7 @@ func TestBindingAccepts(t *testing.T) {
 		`{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_7731"},"meta":{"x":1,"X":2}}`,
 		// NFD and NFC keys are different names to every binder.
 		`{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_7731"},"caf\u00e9":1,"cafe\u0301":2}`,
-		`{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_7731","account-id":"x","accountid":"y"}}`,
+		`{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_7731","account":"x","id":"y"}}`,
 	} {
 		_, err := bindSelect(t, bindParams, body)
 		require.NoError(t, err, body)
@@ -141,5 +144,7 @@ func TestFoldKeyCoversEqualFold(t *testing.T) {
 		}
 	}
 	require.Equal(t, fingerprint.FoldKeyForTest("ACCOUNT_ID"), fingerprint.FoldKeyForTest("account_id"))
-	require.NotEqual(t, fingerprint.FoldKeyForTest("account_id"), fingerprint.FoldKeyForTest("accountid"))
+	require.Equal(t, fingerprint.FoldKeyForTest("account_id"), fingerprint.FoldKeyForTest("Account-Id"))
+	require.Equal(t, fingerprint.FoldKeyForTest("ſ_\u212a"), fingerprint.FoldKeyForTest("SK"))
+	require.NotEqual(t, fingerprint.FoldKeyForTest("account_id"), fingerprint.FoldKeyForTest("account_ids"))
 }

@@ -17,17 +17,20 @@ import (
 //     ignore-case: equal after simple upper-casing, so the dotless "ı"
 //     U+0131 matches "i");
 //   - Java's equalsIgnoreCase (equal after upper- or lower-casing each char,
-//     so "İ" U+0130 matches "i"), which Jackson's case-insensitive mode uses.
+//     so "İ" U+0130 matches "i"), which Jackson's case-insensitive mode uses;
+//   - Go's encoding/json/v2 with MatchCaseInsensitiveNames or a `case:ignore`
+//     field, which also ignores '_' and '-' ("account_id" matches "accountId").
 //
-// It is therefore coarser than each of them: every rune is replaced by the
-// smallest rune of the class that the simple fold orbit and the simple
-// upper, lower and title mappings connect. Being coarser only refuses more.
+// It is therefore coarser than each of them: '_' and '-' are dropped and
+// every other rune is replaced by the smallest rune of the class that the
+// simple fold orbit and the simple upper, lower and title mappings connect.
+// Being coarser only refuses more.
 // Full case mappings that change length (ß → "SS") are not covered: no
 // binder above uses them to match names.
 func foldKey(s string) string {
-	// Fast path: ASCII needs only upper-casing... except that 'k' and 's'
-	// have non-ASCII relatives (U+212A, U+017F), which map to 'K' and 'S'
-	// as well, so upper-casing ASCII is exactly the class representative.
+	// Fast path: ASCII needs only upper-casing ('k' and 's' have non-ASCII
+	// relatives, U+212A and U+017F, but 'K' and 'S' are their classes'
+	// smallest runes, so upper-casing ASCII gives the representative).
 	ascii := true
 	for i := 0; i < len(s); i++ {
 		if s[i] >= utf8.RuneSelf {
@@ -36,12 +39,28 @@ func foldKey(s string) string {
 		}
 	}
 	if ascii {
-		return strings.ToUpper(s)
+		if !strings.ContainsAny(s, "_-") {
+			return strings.ToUpper(s)
+		}
+		b := make([]byte, 0, len(s))
+		for i := 0; i < len(s); i++ {
+			switch c := s[i]; {
+			case c == '_' || c == '-':
+			case 'a' <= c && c <= 'z':
+				b = append(b, c-('a'-'A'))
+			default:
+				b = append(b, c)
+			}
+		}
+		return string(b)
 	}
 	classes := foldClasses()
 	var b strings.Builder
 	b.Grow(len(s))
 	for _, r := range s {
+		if r == '_' || r == '-' {
+			continue
+		}
 		if c, ok := classes[r]; ok {
 			r = c
 		}
