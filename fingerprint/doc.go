@@ -111,7 +111,9 @@
 //     Unicode simple case folding and keeps the last match; .NET's web
 //     defaults and Jackson's case-insensitive mode do similar), a key equal
 //     ignoring case to the bound segment without being byte-identical, or a
-//     key holding U+0000. Duplicate keys are refused by ParseJSON already.
+//     key holding U+0000. "Equal ignoring case" also ignores '_' and '-',
+//     as encoding/json/v2 does under case:ignore. Duplicate keys are
+//     refused by ParseJSON already.
 //   - ErrAmbiguousValue: a bound number that is negative zero, beyond the
 //     finite range of IEEE doubles (or non-zero and below it), or an integer
 //     above 2^53 spelled with a fraction or exponent; a bound string holding
