@@ -55,9 +55,10 @@ bench: services build ## Micro-benchmarks, then the ext_proc load benchmark that
 	@if [ -d e2e/loadgen ]; then $(GO) run ./e2e/loadgen -out BENCHMARKS.md; else echo "load benchmark: not built yet"; fi
 
 .PHONY: fuzz
-fuzz: ## Run each fuzz target for FUZZTIME (default 60s).
+fuzz: ## Run each fuzz target for FUZZTIME (default 60s); the binding rule's for BINDING_FUZZTIME (default 5m).
 	$(GO) test ./fingerprint -run '^$$' -fuzz '^FuzzVerify$$' -fuzztime $${FUZZTIME:-60s}
 	$(GO) test ./fingerprint -run '^$$' -fuzz '^FuzzCanonicalize$$' -fuzztime $${FUZZTIME:-60s}
+	$(GO) test ./fingerprint -run '^$$' -fuzz '^FuzzBinding$$' -fuzztime $${BINDING_FUZZTIME:-5m}
 
 .PHONY: lint
 lint: ## go vet and a gofmt check.
