@@ -157,5 +157,4 @@ func TestBindingRule(t *testing.T) {
 	require.Equal(t, "250.00", amount)
 	require.Equal(t, "acc_caf\u00e9", account)
 	require.Equal(t, 2, s.Payments.Executions())
-	t.Logf("front: %s", s.Mode())
 }
