@@ -110,7 +110,7 @@ func TestEnvoyValidateRejectsBrokenConfigs(t *testing.T) {
 	bin := envoytest.RequireEnvoy(t)
 	for _, tc := range []struct {
 		name, old, new, want string
-		decodes            bool // whether envoytest's strict decoding accepts it
+		decodes              bool // whether envoytest's strict decoding accepts it
 	}{
 		{"a route to a cluster that does not exist", "cluster: payments   # idemgate answers status", "cluster: paymnets   # idemgate answers status",
 			"unknown cluster 'paymnets'", true},
