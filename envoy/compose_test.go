@@ -79,7 +79,9 @@ func TestComposeEnvoy(t *testing.T) {
 	envoy, ok := c.Services["envoy"]
 	require.True(t, ok)
 
-	require.Regexp(t, `^envoyproxy/envoy:v1\.3\d\.\d+$`, envoy.Image, "pin a v1.3x.y release")
+	pin, err := envoytest.PinnedVersion()
+	require.NoError(t, err)
+	require.Equal(t, "envoyproxy/envoy:v"+pin, envoy.Image, "the release .envoy-version pins, which the tests validate with")
 	cfg := flagValue(envoy.Command, "-c")
 	src, ok := mountSource(envoy, cfg)
 	require.True(t, ok, "the -c path %s is not mounted", cfg)
