@@ -35,8 +35,9 @@ import (
 const testKey = "dGVzdC1rZXktazEtbm90LWEtc2VjcmV0LTMyYnl0ZXM="
 
 // idemgateBin is cmd/idemgate built once for this test binary: the demo
-// runs the product binary as a child, as `make demo` does.
-var idemgateBin string
+// runs the product binary as a child, as `make demo` does. demoBin is this
+// command, for the test of what a terminal's Ctrl-C does.
+var idemgateBin, demoBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "idemgate-demo-test-")
@@ -48,9 +49,9 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		goBin = "/usr/local/go/bin/go"
 	}
-	idemgateBin = filepath.Join(dir, "idemgate")
-	if out, err := exec.Command(goBin, "build", "-o", idemgateBin, "github.com/idemgate/idemgate/cmd/idemgate").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "failed to build cmd/idemgate: %v\n%s", err, out)
+	idemgateBin, demoBin = filepath.Join(dir, "idemgate"), filepath.Join(dir, "idemgate-demo")
+	if out, err := exec.Command(goBin, "build", "-o", dir+"/", "github.com/idemgate/idemgate/cmd/idemgate", ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "failed to build cmd/idemgate and the demo: %v\n%s", err, out)
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
@@ -293,6 +294,17 @@ func TestDemoPrintedCommandsShowWhatTheySay(t *testing.T) {
 		require.Equal(t, map[string]int{nonce: 1}, stats.ExecutionsByKey)
 		require.Zero(t, stats.Replays, "idemgate answered the retries; they never reached the upstream")
 		require.Equal(t, 1, strings.Count(d.stderr.String(), `msg="payments: executed transfer"`))
+	})
+
+	t.Run("every request went through Envoy", func(t *testing.T) {
+		// Envoy's access log (the shipped stdout logger), on the demo's stderr.
+		count := func(route string) int {
+			return strings.Count(d.stderr.String(), `"POST /v1/transfers/`+route+` HTTP/1.1" `)
+		}
+		require.Eventually(t, func() bool { return count("confirm") == 6 }, 10*time.Second, 50*time.Millisecond,
+			"steps 2, 3a, 3b, 5, 6 and 7 confirm; log:\n%s", d.stderr.String())
+		require.Equal(t, 1, count("preview"))
+		require.Equal(t, 1, count("status"))
 	})
 
 	require.NoError(t, d.stop(t))
@@ -648,4 +660,50 @@ func TestDemoBootstrapIsTheShippedOne(t *testing.T) {
 		_, err := renderBootstrap([]byte(other), addrs)
 		require.ErrorContains(t, err, "the demo's tokens would be refused")
 	})
+}
+
+// TestCtrlCStopsAllThree runs the built demo the way a terminal does: in a
+// process group of its own, which Ctrl-C signals as a whole. Envoy and
+// idemgate are in groups of their own, so only the demo gets the SIGINT and
+// stops them in order; it exits 0 and leaves no process behind.
+func TestCtrlCStopsAllThree(t *testing.T) {
+	cmd := exec.Command(demoBin, "--listen", "127.0.0.1:0", "--envoy", envoytest.RequireEnvoy(t), "--idemgate", idemgateBin)
+	var stdout, stderr testutil.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "\nGW=") }, 90*time.Second, 20*time.Millisecond,
+		"the demo printed no script; stderr:\n%s", stderr.String())
+
+	pids := map[string]int{}
+	for _, m := range startedPID.FindAllStringSubmatch(stderr.String(), -1) {
+		pid, err := strconv.Atoi(m[2])
+		require.NoError(t, err)
+		pids[m[1]] = pid
+	}
+	require.Len(t, pids, 2)
+	for name, pid := range pids {
+		pgid, err := syscall.Getpgid(pid)
+		require.NoError(t, err)
+		require.NotEqual(t, cmd.Process.Pid, pgid, "%s must not be in the group a Ctrl-C signals", name)
+	}
+
+	require.NoError(t, syscall.Kill(-cmd.Process.Pid, syscall.SIGINT))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "exit status after Ctrl-C; stderr:\n%s", stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the demo did not exit within 30s of Ctrl-C; stderr:\n%s", stderr.String())
+	}
+	logs := stderr.String()
+	require.Contains(t, logs, "caught ENVOY_SIGTERM", "Envoy was stopped by the demo")
+	require.Contains(t, logs, "idemgate: ", "idemgate's log")
+	require.Contains(t, logs, `msg="demo stopped"`)
+	require.NotContains(t, logs, "killed")
+	for name, pid := range pids {
+		require.False(t, alive(pid), "%s (pid %d) has exited", name, pid)
+	}
 }
