@@ -143,26 +143,30 @@ func checkDemoJWKS(bs *bootstrapv3.Bootstrap) error {
 	if err != nil {
 		return err
 	}
-	for _, f := range bs.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters() {
-		var hcm hcmv3.HttpConnectionManager
-		if !f.GetTypedConfig().MessageIs(&hcm) {
-			continue
-		}
-		if err := f.GetTypedConfig().UnmarshalTo(&hcm); err != nil {
-			return err
-		}
-		for _, hf := range hcm.GetHttpFilters() {
-			var jwt jwtauthnv3.JwtAuthentication
-			if !hf.GetTypedConfig().MessageIs(&jwt) {
-				continue
-			}
-			if err := hf.GetTypedConfig().UnmarshalTo(&jwt); err != nil {
-				return err
-			}
-			for _, p := range jwt.GetProviders() {
-				got, err := canonicalJSON([]byte(p.GetLocalJwks().GetInlineString()))
-				if err == nil && p.GetIssuer() == demoauth.Issuer && bytes.Equal(got, want) {
-					return nil
+	for _, l := range bs.GetStaticResources().GetListeners() {
+		for _, fc := range l.GetFilterChains() {
+			for _, f := range fc.GetFilters() {
+				var hcm hcmv3.HttpConnectionManager
+				if !f.GetTypedConfig().MessageIs(&hcm) {
+					continue
+				}
+				if err := f.GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+					return err
+				}
+				for _, hf := range hcm.GetHttpFilters() {
+					var jwt jwtauthnv3.JwtAuthentication
+					if !hf.GetTypedConfig().MessageIs(&jwt) {
+						continue
+					}
+					if err := hf.GetTypedConfig().UnmarshalTo(&jwt); err != nil {
+						return err
+					}
+					for _, p := range jwt.GetProviders() {
+						got, err := canonicalJSON([]byte(p.GetLocalJwks().GetInlineString()))
+						if err == nil && p.GetIssuer() == demoauth.Issuer && bytes.Equal(got, want) {
+							return nil
+						}
+					}
 				}
 			}
 		}
