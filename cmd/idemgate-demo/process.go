@@ -116,12 +116,6 @@ func (l *lockedWriter) writeLine(line string) {
 	_, _ = io.WriteString(l.w, line+"\n")
 }
 
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
 // lineWriter splits what a process writes into lines. os/exec calls Write
 // from one goroutine per stream; stdout and stderr share this writer when
 // they are the same value, in which case exec copies through one pipe.
