@@ -430,11 +430,12 @@ func TestDemoUpstreamOnly(t *testing.T) {
 	require.Equal(t, "127.0.0.1:8081", clusterAddr)
 	require.Equal(t, []string{"--upstream-only", "--listen", clusterAddr}, cmd)
 
-	// The same arguments, with a later --listen on a free port (the last
-	// flag wins), so the test does not depend on 8081 being free.
-	addr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-	d := startDemo(t, append(cmd, "--listen", addr)...)
-	require.Equal(t, "demo payments API listening on http://"+addr+" (counters: GET /_admin/stats)\n", d.stdout.String())
+	// The same arguments, with a later --listen on port 0 (the last flag
+	// wins), so the test does not depend on 8081 being free.
+	d := startDemo(t, append(cmd, "--listen", "127.0.0.1:0")...)
+	m := regexp.MustCompile(`^demo payments API listening on http://(127\.0\.0\.1:[0-9]+) \(counters: GET /_admin/stats\)\n$`).FindStringSubmatch(d.stdout.String())
+	require.NotNil(t, m, d.stdout.String())
+	addr := m[1]
 
 	post := func(path, body string) (int, map[string]any) {
 		resp, err := http.Post("http://"+addr+path, "application/json", strings.NewReader(body))
@@ -526,15 +527,17 @@ var (
 func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
 
 func TestDemoRunsTheRealEnvoyAndStopsEverythingOnCancel(t *testing.T) {
-	front := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-	d := startFullDemo(t, front)
+	// Port 0: Envoy binds a free port itself and the demo reads it back from
+	// Envoy's admin, so nothing can take it in between.
+	d := startFullDemo(t, "127.0.0.1:0")
 	out := d.stdout.String()
-	require.Contains(t, out, "GW=http://"+front+"\n")
 	envoyM, idemM, payM := bannerEnvoy.FindStringSubmatch(out), bannerIdemgate.FindStringSubmatch(out), bannerPayments.FindStringSubmatch(out)
 	require.NotNil(t, envoyM, "banner names Envoy's addresses:\n%s", out)
 	require.NotNil(t, idemM, "banner names idemgate's addresses:\n%s", out)
 	require.NotNil(t, payM, "banner names the payments API:\n%s", out)
-	require.Equal(t, front, envoyM[1])
+	front := envoyM[1]
+	require.NotEqual(t, "127.0.0.1:0", front)
+	require.Contains(t, out, "GW=http://"+front+"\n")
 	envoyAdmin, grpcAddr, idemAdmin, paymentsAddr := envoyM[2], idemM[1], idemM[2], payM[1]
 
 	pids := map[string]int{}
