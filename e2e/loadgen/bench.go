@@ -62,7 +62,7 @@ func expectReplay(o driver.Outcome) bool {
 }
 
 var scenarioDescriptions = map[string]string{
-	scFloor:           "the protocol floor: a no-op ext_proc server built into the load tool, answering CONTINUE to every message (4 messages per request), sent preview-shaped requests.",
+	scFloor:           "the protocol floor: a no-op ext_proc server built into the load tool on idemgate's own gRPC transport (extproc.TransportOptions: stream workers, the lean codec, keepalive, limits), answering CONTINUE to every message (4 messages per request), sent preview-shaped requests.",
 	scPreview:         "idemgate on the preview route: parse the request body, select and hash the params, sign a fingerprint and inject it into the upstream's quote JSON (no store call). Expected outcome: 200 with the response body replaced.",
 	scReplay:          "idemgate answering confirms already DONE (a pool of fingerprints completed beforehand, reused round-robin): verify, acquire → DONE, ImmediateResponse with the original 200 after the request body (2 messages per request). Tiered store.",
 	scIOFloor:         "the I/O floor: a server built into the load tool making, per confirm, exactly the store round trips a first-time confirm needs — an acquire-like EVALSHA and a PostgreSQL INSERT at the request body, a PostgreSQL UPDATE and a complete-like EVALSHA at the response body — with pgx's and go-redis's default pools, CONTINUE to every message.",
@@ -660,7 +660,7 @@ func (b *bench) finishReport() {
 		"Latency is per HTTP request end to end (stream open to the last reply), over every request completed inside the window, in a log-linear histogram (≤ 0.8 % error); ok req/s counts only those with the scenario's expected outcome, and the ratios use it.",
 		fmt.Sprintf("Count bound: at most %d req/s × (warm-up + duration) requests per cell; first-time confirm cells get 3 × the I/O floor's rate worth of minted fingerprints.", o.budgetRate),
 		"Errors: requests whose outcome is not the scenario's expected one (see Servers); outcomes list every result (local = a reply idemgate or Envoy wrote, not the upstream's).",
-		"Each server is a separate process (floors: this tool re-executed with -serve; idemgate: built once with go build ./cmd/idemgate), restarted per server with empty Redis and truncated tables.",
+		"Each server is a separate process (floors: this tool re-executed with -serve, on idemgate's gRPC server options; idemgate: built once with go build ./cmd/idemgate), restarted per server with empty Redis and truncated tables.",
 		"idemgate config: log level warn, store.timeout 250ms, the transfer operation of envoy/idemgate.yaml; the tool's own redis-server (no persistence); PostgreSQL database idemgate_bench_<pid>, dropped at the end.",
 	}
 	b.rep.Generated = time.Now()

@@ -13,8 +13,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/idemgate/idemgate/e2e/loadgen/floor"
+	"github.com/idemgate/idemgate/extproc"
 )
 
 // serveOptions are the hidden flags of the child mode (-serve).
@@ -27,7 +30,10 @@ type serveOptions struct {
 
 // serve runs a floor server as this process's only job, prints "ready" on
 // stderr once listening (as idemgate does) and stops on SIGTERM/SIGINT.
-// The floors use gRPC's default server options.
+// The floors run on idemgate's own transport (extproc.TransportOptions:
+// stream workers, the lean codec, keepalive, limits), so a ratio to them is
+// idemgate's own cost and not a difference of gRPC settings; they answer
+// grpc.health.v1 as idemgate does, for Envoy's health check.
 func serve(o serveOptions, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -61,8 +67,13 @@ func serve(o serveOptions, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("failed to listen on %s: %w", o.listen, err)
 	}
-	gs := grpc.NewServer()
+	// keepMetadata false: the benchmark's idemgate takes the subject from a
+	// header, so its codec skips metadata_context too.
+	gs := grpc.NewServer(extproc.TransportOptions(false)...)
 	extprocv3.RegisterExternalProcessorServer(gs, srv)
+	hs := health.NewServer()
+	extproc.SetServing(hs, true)
+	healthpb.RegisterHealthServer(gs, hs)
 	errc := make(chan error, 1)
 	go func() { errc <- gs.Serve(lis) }()
 	fmt.Fprintln(stderr, "ready")
