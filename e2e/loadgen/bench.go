@@ -131,6 +131,14 @@ func (b *bench) run(ctx context.Context) (string, error) {
 			b.skipRemaining(s, err.Error())
 		}
 	}
+	if o.envoyTable {
+		if err := b.runEnvoy(ctx); err != nil {
+			if ctx.Err() != nil {
+				return "", ctx.Err()
+			}
+			b.log.Error("the through-Envoy benchmark failed", "error", err)
+		}
+	}
 	b.finishReport()
 	return b.rep.Markdown(), nil
 }
@@ -185,7 +193,7 @@ func (b *bench) startStores(ctx context.Context) error {
 	}
 	b.redis = r
 	b.rep.Machine.Redis = r.version
-	db, err := createBenchDatabase(ctx, b.opts.pgAdminDSN)
+	db, err := createBenchDatabase(ctx, b.opts.pgAdminDSN, "idemgate_bench_")
 	if err != nil {
 		return err
 	}

@@ -55,6 +55,7 @@ type idemgateSettings struct {
 	GRPCListen  string
 	AdminListen string
 	RedisAddr   string // empty: no Redis
+	KeyPrefix   string // of the Redis keys; empty: idem:
 	PostgresDSN string // empty: no PostgreSQL (both empty: memory store)
 }
 
@@ -77,7 +78,7 @@ store:
   redis:
     addrs: ["{{.RedisAddr}}"]
     mode: single
-    key_prefix: "idem:"
+    key_prefix: "{{if .KeyPrefix}}{{.KeyPrefix}}{{else}}idem:{{end}}"
     timeout: 50ms
 {{- end}}
 {{- if .PostgresDSN}}

@@ -77,6 +77,15 @@ type options struct {
 	redisServer string
 	pgAdminDSN  string
 
+	// The through-Envoy table.
+	envoyTable       bool
+	envoyBin         string
+	envoyRounds      int
+	envoyDuration    time.Duration
+	envoyWarmup      time.Duration
+	envoyRedis       string
+	envoyConfirmRate int
+
 	serve serveOptions
 }
 
@@ -148,10 +157,18 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.idemgateBin, "idemgate", "", "use this idemgate binary instead of building ./cmd/idemgate")
 	fs.StringVar(&o.redisServer, "redis-server", "redis-server", "redis-server binary for the run's own Redis")
 	fs.StringVar(&o.pgAdminDSN, "pg", defaultAdminDSN(), "PostgreSQL DSN used to create and drop the run's database")
+	fs.BoolVar(&o.envoyTable, "envoy-table", true, "also measure through a real Envoy (the pinned one: ENVOY_BIN, or .ci/envoy.sh installs it)")
+	fs.StringVar(&o.envoyBin, "envoy", "", "Envoy binary for the through-Envoy table (default: $ENVOY_BIN, else .ci/envoy.sh)")
+	fs.IntVar(&o.envoyRounds, "envoy-rounds", 3, "through-Envoy rounds per concurrency (every column once per round, the order rotated)")
+	fs.DurationVar(&o.envoyDuration, "envoy-duration", 3*time.Second, "measured time per through-Envoy cell and round")
+	fs.DurationVar(&o.envoyWarmup, "envoy-warmup", 500*time.Millisecond, "unmeasured warm-up before each through-Envoy cell")
+	fs.StringVar(&o.envoyRedis, "envoy-redis", defaultSharedRedis(), "the shared Redis idemgate and the I/O floor use through Envoy (own key prefix, keys deleted at the end)")
+	fs.IntVar(&o.envoyConfirmRate, "envoy-confirm-rate", 3000, "fingerprints minted per second of warm-up+duration for each through-Envoy first-time confirm cell")
 	// Child mode: this binary as a floor server.
-	fs.StringVar(&o.serve.kind, "serve", "", "internal: run a floor server (noop|iofloor)")
+	fs.StringVar(&o.serve.kind, "serve", "", "internal: run a floor server or the upstream (noop|iofloor|upstream)")
 	fs.StringVar(&o.serve.listen, "listen", "127.0.0.1:0", "internal: -serve listen address")
 	fs.StringVar(&o.serve.redisAddr, "redis-addr", "", "internal: -serve iofloor Redis address")
+	fs.StringVar(&o.serve.redisPrefix, "redis-prefix", "iofloor:", "internal: -serve iofloor prefix of its Redis keys")
 	fs.StringVar(&o.serve.pgDSN, "pg-dsn", "", "internal: -serve iofloor PostgreSQL DSN")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -188,6 +205,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.memStreams < 1 || o.memBody < 0 || o.memBody > 1<<20 {
 		problems = append(problems, errors.New("-memory-streams must be at least 1 and -memory-body within 0..1048576 (limits.max_body_bytes)"))
+	}
+	if o.envoyTable && (o.envoyRounds < 1 || o.envoyDuration <= 0 || o.envoyWarmup < 0 || o.envoyConfirmRate < 1) {
+		problems = append(problems, errors.New("-envoy-rounds and -envoy-confirm-rate must be at least 1, -envoy-duration positive and -envoy-warmup not negative"))
 	}
 	if o.budgetRate < 1 || o.replayPool < 1 {
 		problems = append(problems, errors.New("-budget-rate and -replay-pool must be at least 1"))

@@ -83,7 +83,7 @@ func servicesOrSkip(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		missing = append(missing, "redis-server")
 	}
-	db, err := createBenchDatabase(t.Context(), defaultAdminDSN())
+	db, err := createBenchDatabase(t.Context(), defaultAdminDSN(), "idemgate_bench_")
 	if err != nil {
 		missing = append(missing, "PostgreSQL ("+err.Error()+")")
 	} else {

@@ -22,10 +22,11 @@ import (
 
 // serveOptions are the hidden flags of the child mode (-serve).
 type serveOptions struct {
-	kind      string // noop | iofloor
-	listen    string
-	redisAddr string
-	pgDSN     string
+	kind        string // noop | iofloor | upstream
+	listen      string
+	redisAddr   string
+	redisPrefix string // iofloor: prefix of its Redis keys
+	pgDSN       string
 }
 
 // serve runs a floor server as this process's only job, prints "ready" on
@@ -37,6 +38,15 @@ type serveOptions struct {
 func serve(o serveOptions, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+
+	if o.kind == "upstream" {
+		lis, err := net.Listen("tcp", o.listen)
+		if err != nil {
+			return fmt.Errorf("failed to listen on %s: %w", o.listen, err)
+		}
+		fmt.Fprintln(stderr, "ready")
+		return serveUpstream(lis, ctx.Done())
+	}
 
 	var srv extprocv3.ExternalProcessorServer
 	switch o.kind {
@@ -54,13 +64,13 @@ func serve(o serveOptions, stderr io.Writer) error {
 			return fmt.Errorf("failed to open the PostgreSQL pool: %w", err)
 		}
 		defer pool.Close()
-		io, err := floor.NewIO(ctx, floor.IOOptions{Redis: rdb, Postgres: pool})
+		io, err := floor.NewIO(ctx, floor.IOOptions{Redis: rdb, Postgres: pool, KeyPrefix: o.redisPrefix})
 		if err != nil {
 			return err
 		}
 		srv = io
 	default:
-		return fmt.Errorf("unknown -serve %q (noop|iofloor)", o.kind)
+		return fmt.Errorf("unknown -serve %q (noop|iofloor|upstream)", o.kind)
 	}
 
 	lis, err := net.Listen("tcp", o.listen)
