@@ -61,13 +61,29 @@ type envoyBench struct {
 	table      *report.EnvoyTable
 	results    map[string]map[int]*httpResult
 	violations []string // upstream counter checks that failed
+
+	// Per column, the processes whose CPU time is split per request.
+	extProcPid map[string]int // 0: no ext_proc server
+	upPid      int
+	cpu        map[string]map[int]*cpuUse
+}
+
+// cpuRoles name the processes of a cell whose CPU is measured.
+var cpuRoles = []string{"Envoy", "ext_proc server", "upstream", "load client"}
+
+// cpuUse is the CPU time each role used over a column's cells (warm-up
+// included) and the requests those cells completed.
+type cpuUse struct {
+	requests uint64
+	seconds  [4]float64
 }
 
 // runEnvoy measures the through-Envoy table and attaches it to the report.
 // A failure is reported in the table rather than losing the ext_proc one.
 func (b *bench) runEnvoy(ctx context.Context) error {
 	o := b.opts
-	e := &envoyBench{b: b, redis: o.envoyRedis, envoys: map[string]*envoyProcess{}, results: map[string]map[int]*httpResult{}}
+	e := &envoyBench{b: b, redis: o.envoyRedis, envoys: map[string]*envoyProcess{}, results: map[string]map[int]*httpResult{},
+		extProcPid: map[string]int{}, cpu: map[string]map[int]*cpuUse{}}
 	e.table = &report.EnvoyTable{Concurrencies: o.concurrencies}
 	b.rep.Envoy = e.table
 	defer e.cleanup()
@@ -119,23 +135,28 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		return err
 	}
 	e.children = append(e.children, up)
-	e.upstream = upAddr
+	e.upstream, e.upPid = upAddr, up.pid()
 	noop, noopAddr, err := b.startFloor(ctx, "noop")
 	if err != nil {
 		return err
 	}
 	e.children = append(e.children, noop)
+	e.extProcPid[evNoop] = noop.pid()
 	iof, ioAddr, err := b.startFloor(ctx, "iofloor", "-redis-addr", e.redis, "-redis-prefix", e.prefix+"iofloor:", "-pg-dsn", e.db.dsn)
 	if err != nil {
 		return err
 	}
 	e.children = append(e.children, iof)
+	e.extProcPid[evIO] = iof.pid()
 	e.idem, err = startIdemgate(ctx, b.bin, e.dir, "envoy", b.key,
 		idemgateSettings{RedisAddr: e.redis, KeyPrefix: e.prefix, PostgresDSN: e.db.dsn}, b.profiling())
 	if err != nil {
 		return err
 	}
 	e.children = append(e.children, e.idem.child)
+	for _, c := range []string{evPreview, evConfirm, evReplay} {
+		e.extProcPid[c] = e.idem.pid()
+	}
 
 	// One Envoy per ext_proc target; the no-ext_proc one keeps its idemgate
 	// cluster (health-checked, never used) pointed at the no-op server.
@@ -341,10 +362,20 @@ func (e *envoyBench) measureCell(ctx context.Context, column string, c, round in
 		run.windowStarted = prof.start
 		defer prof.wait()
 	}
+	pids := [4]int{e.envoys[column].pid(), e.extProcPid[column], e.upPid, 0}
+	cpu0, err := e.cpuNow(pids)
+	if err != nil {
+		return err
+	}
 	res, err := run.execute(ctx)
 	if err != nil {
 		return err
 	}
+	cpu1, err := e.cpuNow(pids)
+	if err != nil {
+		return err
+	}
+	e.addCPU(column, c, res, cpu0, cpu1)
 	after, err := fetchUpstreamStats(e.upstream)
 	if err != nil {
 		return err
@@ -360,6 +391,40 @@ func (e *envoyBench) measureCell(ctx context.Context, column string, c, round in
 	// Let the servers finish what the cell left behind.
 	time.Sleep(200 * time.Millisecond)
 	return nil
+}
+
+// cpuNow reads the CPU time of each role's process (pid 0 for the ext_proc
+// server means none: column (a); for the load client it is this process).
+func (e *envoyBench) cpuNow(pids [4]int) ([4]float64, error) {
+	var out [4]float64
+	for i, pid := range pids {
+		if pid == 0 && i != len(pids)-1 {
+			continue
+		}
+		v, err := cpuSeconds(pid)
+		if err != nil {
+			return out, err
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+func (e *envoyBench) addCPU(column string, c int, res *httpResult, before, after [4]float64) {
+	if e.cpu[column] == nil {
+		e.cpu[column] = map[int]*cpuUse{}
+	}
+	u := e.cpu[column][c]
+	if u == nil {
+		u = &cpuUse{}
+		e.cpu[column][c] = u
+	}
+	for _, n := range res.all {
+		u.requests += n
+	}
+	for i := range u.seconds {
+		u.seconds[i] += after[i] - before[i]
+	}
 }
 
 // checkUpstream compares what reached the upstream during a cell (warm-up
@@ -423,6 +488,18 @@ func (e *envoyBench) finish() {
 	at := 64
 	if !slices.Contains(o.concurrencies, at) {
 		at = slices.Max(o.concurrencies)
+	}
+	t.CPURoles, t.CPUConcurrency, t.CPUBase = cpuRoles, at, evNoop
+	for _, column := range envoyColumns {
+		u := e.cpu[column][at]
+		if u == nil || u.requests == 0 {
+			continue
+		}
+		row := report.CPURow{Column: column}
+		for _, sec := range u.seconds {
+			row.MicrosPerRequest = append(row.MicrosPerRequest, sec*1e6/float64(u.requests))
+		}
+		t.CPU = append(t.CPU, row)
 	}
 	t.Ratios = []report.Ratio{
 		{Name: "envoy+preview / envoy+noop", Num: evPreview, Den: evNoop, Target: 0.90, TargetConcurrency: at},

@@ -125,3 +125,13 @@ func setupKeys(t *testing.T, b *bench) {
 	b.minter, err = newMinter(b.key, 15*time.Minute)
 	require.NoError(t, err)
 }
+
+func TestCPUSecondsGrows(t *testing.T) {
+	before, err := cpuSeconds(0)
+	require.NoError(t, err)
+	for deadline := time.Now().Add(50 * time.Millisecond); time.Now().Before(deadline); {
+	}
+	after, err := cpuSeconds(os.Getpid())
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, after, before+0.02)
+}

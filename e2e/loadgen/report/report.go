@@ -101,8 +101,34 @@ type EnvoyTable struct {
 	Columns       []Scenario
 	Cells         []Cell
 	Ratios        []Ratio
-	Notes         []string
-	Settings      []string
+	// CPU splits each column's CPU per request between the processes
+	// (CPURoles) at CPUConcurrency.
+	CPURoles       []string
+	CPUConcurrency int
+	CPU            []CPURow
+	CPUBase        string // the column the CPU ratios are taken against
+	Notes          []string
+	Settings       []string
+}
+
+// CPURow is one column's CPU microseconds per request, one per role.
+type CPURow struct {
+	Column           string
+	MicrosPerRequest []float64
+}
+
+// cpuTotal is a column's CPU per request over every role.
+func (e *EnvoyTable) cpuTotal(column string) (float64, bool) {
+	for _, row := range e.CPU {
+		if row.Column == column {
+			total := 0.0
+			for _, v := range row.MicrosPerRequest {
+				total += v
+			}
+			return total, total > 0
+		}
+	}
+	return 0, false
 }
 
 // table is the EnvoyTable as a Report, to render it with the same code.
@@ -202,6 +228,43 @@ func (e *EnvoyTable) writeMarkdown(b *strings.Builder) {
 	t.writeRatios(b)
 	b.WriteString("\n### Raw figures (all rounds together)\n\n")
 	t.writeFigures(b)
+	if len(e.CPU) > 0 {
+		fmt.Fprintf(b, "\n### Where the CPU goes (c=%d, µs of CPU per request, from /proc/<pid>/stat over every cell incl. warm-up)\n\n", e.CPUConcurrency)
+		b.WriteString("| column |")
+		for _, r := range e.CPURoles {
+			fmt.Fprintf(b, " %s |", r)
+		}
+		base, hasBase := e.cpuTotal(e.CPUBase)
+		b.WriteString(" total |")
+		if hasBase {
+			fmt.Fprintf(b, " %s total / this total |", e.CPUBase)
+		}
+		b.WriteString("\n|---|")
+		for range e.CPURoles {
+			b.WriteString("---:|")
+		}
+		b.WriteString("---:|")
+		if hasBase {
+			b.WriteString("---:|")
+		}
+		b.WriteString("\n")
+		for _, row := range e.CPU {
+			fmt.Fprintf(b, "| %s |", row.Column)
+			for _, v := range row.MicrosPerRequest {
+				fmt.Fprintf(b, " %.0f |", v)
+			}
+			total, _ := e.cpuTotal(row.Column)
+			fmt.Fprintf(b, " %.0f |", total)
+			if hasBase {
+				fmt.Fprintf(b, " %.2f |", base/total)
+			}
+			b.WriteString("\n")
+		}
+		if hasBase {
+			fmt.Fprintf(b, "\nThe last column is the rate ratio to %s that CPU alone predicts when the cores are the bottleneck: it does not move with what else runs on the machine as much as the measured ratios do.\n", e.CPUBase)
+		}
+		b.WriteString("\nRedis and PostgreSQL (shared servers, not children of the tool) are not in the table, so the store columns' totals are lower bounds; CPU time is counted in 10 ms ticks.\n")
+	}
 	if len(e.Columns) > 0 {
 		b.WriteString("\n### Columns\n\n")
 		for _, s := range e.Columns {
