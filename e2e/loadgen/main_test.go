@@ -268,6 +268,10 @@ func TestFlags(t *testing.T) {
 	require.Equal(t, 2, o.conns)
 	// The default run fits in the five minutes make bench allows: 18 cells.
 	require.LessOrEqual(t, 18*(o.duration+o.warmup), 150*time.Second)
+	// The through-Envoy table: 6 columns × 3 concurrencies × rounds, within
+	// five minutes too (make bench as a whole stays under 15 on 2 cores).
+	require.True(t, o.envoyTable)
+	require.LessOrEqual(t, time.Duration(6*3*o.envoyRounds)*(o.envoyDuration+o.envoyWarmup+200*time.Millisecond), 300*time.Second)
 
 	for _, tc := range []struct {
 		args []string
