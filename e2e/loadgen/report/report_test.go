@@ -170,7 +170,7 @@ func TestEnvoySectionComesFirst(t *testing.T) {
 		},
 		Ratios:   []Ratio{{Name: "envoy+preview / envoy+noop", Num: "envoy+preview", Den: "envoy+noop", Target: 0.90, TargetConcurrency: 64}},
 		CPURoles: []string{"Envoy", "ext_proc server"}, CPUConcurrency: 64, CPUBase: "envoy+noop",
-		CPU: []CPURow{{Column: "envoy+noop", MicrosPerRequest: []float64{200, 60}}, {Column: "envoy+preview", MicrosPerRequest: []float64{240, 85}}},
+		CPU:   []CPURow{{Column: "envoy+noop", MicrosPerRequest: []float64{200, 60}}, {Column: "envoy+preview", MicrosPerRequest: []float64{240, 85}}},
 		Notes: []string{"shared machine"},
 	}
 	md := r.Markdown()
