@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -518,7 +519,7 @@ func (e *envoyBench) finish() {
 		t.Notes = append(t.Notes, "In every cell (warm-up included) the upstream's own counters matched what the client saw: every executed confirm reached it once with an Idempotency-Key, no replay reached it, every preview passed through once.")
 	}
 	if l := e.b.rep.Machine.LoadAverage; l != "" {
-		t.Notes = append(t.Notes, "Load average when the run started: "+l+".")
+		t.Notes = append(t.Notes, sharedMachineNote(l))
 	}
 	t.Intro = fmt.Sprintf("HTTP requests from a Go client to a real Envoy %s (`.envoy-version`) configured from the shipped `envoy/envoy.yaml` "+
 		"with only addresses substituted (for column (a) the ext_proc filter removed): header_mutation, jwt_authn verifying an ES256 JWT "+
@@ -575,4 +576,18 @@ func deleteRedisPrefix(addr, prefix string) error {
 			return nil
 		}
 	}
+}
+
+// sharedMachineNote says what the load average at the start means: before
+// the run had started anything, a 1-minute load of 1 or more is other work
+// on the machine, which takes cores from every column (the rotation spreads
+// it over all of them).
+func sharedMachineNote(loadavg string) string {
+	f := strings.Fields(loadavg)
+	if len(f) > 0 {
+		if v, err := strconv.ParseFloat(f[0], 64); err == nil && v >= 1 {
+			return "The machine was shared: load average " + loadavg + " when the run started, before any of its processes; absolute figures are lower and noisier than on a quiet machine, and the rotated rounds spread the other work over every column."
+		}
+	}
+	return "Load average when the run started: " + loadavg + "."
 }
