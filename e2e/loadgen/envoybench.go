@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -67,6 +68,8 @@ type envoyBench struct {
 	extProcPid map[string]int // 0: no ext_proc server
 	upPid      int
 	cpu        map[string]map[int]*cpuUse
+	// roundRates are each round's ok req/s per column and concurrency.
+	roundRates map[string]map[int][]float64
 }
 
 // cpuRoles name the processes of a cell whose CPU is measured.
@@ -84,7 +87,7 @@ type cpuUse struct {
 func (b *bench) runEnvoy(ctx context.Context) error {
 	o := b.opts
 	e := &envoyBench{b: b, redis: o.envoyRedis, envoys: map[string]*envoyProcess{}, results: map[string]map[int]*httpResult{},
-		extProcPid: map[string]int{}, cpu: map[string]map[int]*cpuUse{}}
+		extProcPid: map[string]int{}, cpu: map[string]map[int]*cpuUse{}, roundRates: map[string]map[int][]float64{}}
 	e.table = &report.EnvoyTable{Concurrencies: o.concurrencies}
 	b.rep.Envoy = e.table
 	defer e.cleanup()
@@ -389,6 +392,10 @@ func (e *envoyBench) measureCell(ctx context.Context, column string, c, round in
 		e.results[column][c] = newHTTPResult()
 	}
 	e.results[column][c].merge(res)
+	if e.roundRates[column] == nil {
+		e.roundRates[column] = map[int][]float64{}
+	}
+	e.roundRates[column][c] = append(e.roundRates[column][c], float64(res.requests-res.unexpected)/res.elapsed.Seconds())
 	// Let the servers finish what the cell left behind.
 	time.Sleep(200 * time.Millisecond)
 	return nil
@@ -513,6 +520,21 @@ func (e *envoyBench) finish() {
 		{Name: "envoy+noop / envoy", Num: evNoop, Den: evPlain, Note: "what an ext_proc stream costs Envoy itself, with a server that does nothing."},
 		{Name: "envoy+preview / envoy", Num: evPreview, Den: evPlain},
 	}
+	for _, ra := range t.Ratios {
+		rr := report.RoundRatio{Name: ra.Name, PerConcurrency: map[int][]float64{}}
+		for _, c := range o.concurrencies {
+			num, den := e.roundRates[ra.Num][c], e.roundRates[ra.Den][c]
+			for i := 0; i < len(num) && i < len(den); i++ {
+				if den[i] > 0 {
+					rr.PerConcurrency[c] = append(rr.PerConcurrency[c], num[i]/den[i])
+				}
+			}
+		}
+		t.RoundRatios = append(t.RoundRatios, rr)
+	}
+	if n := e.storeFailures(); n != "" {
+		t.Notes = append(t.Notes, n)
+	}
 	if len(e.violations) > 0 {
 		t.Notes = append(t.Notes, "upstream check failed: "+strings.Join(e.violations, " | "))
 	} else if len(e.results) > 0 {
@@ -590,4 +612,28 @@ func sharedMachineNote(loadavg string) string {
 		}
 	}
 	return "Load average when the run started: " + loadavg + "."
+}
+
+// storeFailures summarises idemgate's "store call failed" warnings among
+// its last log lines (they explain 503 temporarily_unavailable answers).
+func (e *envoyBench) storeFailures() string {
+	if e.idem == nil {
+		return ""
+	}
+	counts := map[string]uint64{}
+	for _, line := range strings.Split(e.idem.lastLines(), "\n") {
+		var rec struct {
+			Msg     string `json:"msg"`
+			StoreOp string `json:"store_op"`
+			Kind    string `json:"kind"`
+		}
+		if json.Unmarshal([]byte(line), &rec) != nil || !strings.HasPrefix(rec.Msg, "store call failed") {
+			continue
+		}
+		counts["store_op="+rec.StoreOp+" kind="+rec.Kind]++
+	}
+	if len(counts) == 0 {
+		return ""
+	}
+	return "idemgate's 503 answers are temporarily_unavailable (nothing executed, retry): among its last log lines, store calls that failed: " + describeOutcomes(counts) + "."
 }

@@ -6,6 +6,7 @@ package report
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -107,8 +108,17 @@ type EnvoyTable struct {
 	CPUConcurrency int
 	CPU            []CPURow
 	CPUBase        string // the column the CPU ratios are taken against
+	// RoundRatios are the ratios of each round on its own.
+	RoundRatios []RoundRatio
 	Notes          []string
 	Settings       []string
+}
+
+// RoundRatio is one ratio taken round by round (both sides measured
+// minutes apart at most), per concurrency.
+type RoundRatio struct {
+	Name           string
+	PerConcurrency map[int][]float64
 }
 
 // CPURow is one column's CPU microseconds per request, one per role.
@@ -226,6 +236,32 @@ func (e *EnvoyTable) writeMarkdown(b *strings.Builder) {
 	t := e.table()
 	b.WriteString("### Ratios (requests/s of the first over the second, same run)\n\n")
 	t.writeRatios(b)
+	if len(e.RoundRatios) > 0 {
+		b.WriteString("\n### The same ratios round by round: median (lowest–highest)\n\n")
+		b.WriteString("Each round measures every column once, one after the other, so a round's ratio compares cells taken seconds apart; the spread shows how much the shared machine moved them.\n\n")
+		b.WriteString("| ratio |")
+		for _, c := range e.Concurrencies {
+			fmt.Fprintf(b, " c=%d |", c)
+		}
+		b.WriteString("\n|---|")
+		for range e.Concurrencies {
+			b.WriteString("---:|")
+		}
+		b.WriteString("\n")
+		for _, rr := range e.RoundRatios {
+			fmt.Fprintf(b, "| %s |", rr.Name)
+			for _, c := range e.Concurrencies {
+				v := slices.Clone(rr.PerConcurrency[c])
+				if len(v) == 0 {
+					b.WriteString(" n/a |")
+					continue
+				}
+				slices.Sort(v)
+				fmt.Fprintf(b, " %.2f (%.2f–%.2f) |", median(v), v[0], v[len(v)-1])
+			}
+			b.WriteString("\n")
+		}
+	}
 	b.WriteString("\n### Raw figures (all rounds together)\n\n")
 	t.writeFigures(b)
 	if len(e.CPU) > 0 {
@@ -263,7 +299,7 @@ func (e *EnvoyTable) writeMarkdown(b *strings.Builder) {
 		if hasBase {
 			fmt.Fprintf(b, "\nThe last column is the rate ratio to %s that CPU alone predicts when the cores are the bottleneck: it does not move with what else runs on the machine as much as the measured ratios do.\n", e.CPUBase)
 		}
-		b.WriteString("\nRedis and PostgreSQL (shared servers, not children of the tool) are not in the table, so the store columns' totals are lower bounds; CPU time is counted in 10 ms ticks.\n")
+		b.WriteString("\nRedis and PostgreSQL (shared servers, not children of the tool) are not in the table, so the store columns' totals are lower bounds; CPU time is counted in 10 ms ticks. A process's cost per request rises when its rate falls (fewer events per wake-up), so the predicted ratio is meaningful between columns of similar rates (the no-op, preview and replay columns), not for the store columns.\n")
 	}
 	if len(e.Columns) > 0 {
 		b.WriteString("\n### Columns\n\n")
@@ -332,6 +368,15 @@ func (r *Report) writeRatios(b *strings.Builder) {
 			fmt.Fprintf(b, "- %s\n", n)
 		}
 	}
+}
+
+// median of sorted values.
+func median(v []float64) float64 {
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
 }
 
 func yesNo(ok bool) string {

@@ -170,10 +170,12 @@ func TestEnvoySectionComesFirst(t *testing.T) {
 		},
 		Ratios:   []Ratio{{Name: "envoy+preview / envoy+noop", Num: "envoy+preview", Den: "envoy+noop", Target: 0.90, TargetConcurrency: 64}},
 		CPURoles: []string{"Envoy", "ext_proc server"}, CPUConcurrency: 64, CPUBase: "envoy+noop",
-		CPU:   []CPURow{{Column: "envoy+noop", MicrosPerRequest: []float64{200, 60}}, {Column: "envoy+preview", MicrosPerRequest: []float64{240, 85}}},
-		Notes: []string{"shared machine"},
+		CPU:         []CPURow{{Column: "envoy+noop", MicrosPerRequest: []float64{200, 60}}, {Column: "envoy+preview", MicrosPerRequest: []float64{240, 85}}},
+		Notes:       []string{"shared machine"},
+		RoundRatios: []RoundRatio{{Name: "envoy+preview / envoy+noop", PerConcurrency: map[int][]float64{64: {0.97, 0.88, 0.93, 0.91}}}},
 	}
 	md := r.Markdown()
+	require.Contains(t, md, "| envoy+preview / envoy+noop | 0.92 (0.88–0.97) |")
 	envoyAt, extprocAt := strings.Index(md, "## Through Envoy 1.40.0"), strings.Index(md, "## ext_proc level")
 	require.Positive(t, envoyAt)
 	require.Greater(t, extprocAt, envoyAt)
