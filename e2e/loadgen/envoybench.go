@@ -51,6 +51,7 @@ type envoyBench struct {
 	version  string
 	dir      string
 	redis    string // address of the shared Redis
+	rdb      *goredis.Client
 	prefix   string // of every Redis key this run writes there
 	db       *benchDatabase
 	upstream string // upstream address
@@ -73,13 +74,13 @@ type envoyBench struct {
 }
 
 // cpuRoles name the processes of a cell whose CPU is measured.
-var cpuRoles = []string{"Envoy", "ext_proc server", "upstream", "load client"}
+var cpuRoles = []string{"Envoy", "ext_proc server", "upstream", "load client", "Redis (whole server)"}
 
 // cpuUse is the CPU time each role used over a column's cells (warm-up
 // included) and the requests those cells completed.
 type cpuUse struct {
 	requests uint64
-	seconds  [4]float64
+	seconds  [5]float64
 }
 
 // runEnvoy measures the through-Envoy table and attaches it to the report.
@@ -196,11 +197,10 @@ func (e *envoyBench) setup(ctx context.Context) error {
 }
 
 func (e *envoyBench) pingRedis(ctx context.Context) error {
-	c := goredis.NewClient(&goredis.Options{Addr: e.redis})
-	defer c.Close()
+	e.rdb = goredis.NewClient(&goredis.Options{Addr: e.redis})
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := c.Ping(ctx).Err(); err != nil {
+	if err := e.rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("Redis at %s does not answer (make services starts it): %w", e.redis, err)
 	}
 	return nil
@@ -367,7 +367,7 @@ func (e *envoyBench) measureCell(ctx context.Context, column string, c, round in
 		defer prof.wait()
 	}
 	pids := [4]int{e.envoys[column].pid(), e.extProcPid[column], e.upPid, 0}
-	cpu0, err := e.cpuNow(pids)
+	cpu0, err := e.cpuNow(ctx, pids)
 	if err != nil {
 		return err
 	}
@@ -375,7 +375,7 @@ func (e *envoyBench) measureCell(ctx context.Context, column string, c, round in
 	if err != nil {
 		return err
 	}
-	cpu1, err := e.cpuNow(pids)
+	cpu1, err := e.cpuNow(ctx, pids)
 	if err != nil {
 		return err
 	}
@@ -402,9 +402,11 @@ func (e *envoyBench) measureCell(ctx context.Context, column string, c, round in
 }
 
 // cpuNow reads the CPU time of each role's process (pid 0 for the ext_proc
-// server means none: column (a); for the load client it is this process).
-func (e *envoyBench) cpuNow(pids [4]int) ([4]float64, error) {
-	var out [4]float64
+// server means none: column (a); for the load client it is this process),
+// and the shared Redis's own total (INFO cpu), which includes whatever else
+// uses that server meanwhile.
+func (e *envoyBench) cpuNow(ctx context.Context, pids [4]int) ([5]float64, error) {
+	var out [5]float64
 	for i, pid := range pids {
 		if pid == 0 && i != len(pids)-1 {
 			continue
@@ -415,10 +417,24 @@ func (e *envoyBench) cpuNow(pids [4]int) ([4]float64, error) {
 		}
 		out[i] = v
 	}
+	info, err := e.rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return out, fmt.Errorf("failed to read Redis's CPU time: %w", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return out, fmt.Errorf("unexpected Redis INFO cpu line %q", line)
+			}
+			out[4] += f
+		}
+	}
 	return out, nil
 }
 
-func (e *envoyBench) addCPU(column string, c int, res *httpResult, before, after [4]float64) {
+func (e *envoyBench) addCPU(column string, c int, res *httpResult, before, after [5]float64) {
 	if e.cpu[column] == nil {
 		e.cpu[column] = map[int]*cpuUse{}
 	}
@@ -563,6 +579,9 @@ func (e *envoyBench) finish() {
 func (e *envoyBench) cleanup() {
 	for i := len(e.children) - 1; i >= 0; i-- {
 		e.children[i].stop(5 * time.Second)
+	}
+	if e.rdb != nil {
+		_ = e.rdb.Close()
 	}
 	if e.prefix != "" {
 		if err := deleteRedisPrefix(e.redis, e.prefix); err != nil {
