@@ -110,8 +110,8 @@ type EnvoyTable struct {
 	CPUBase        string // the column the CPU ratios are taken against
 	// RoundRatios are the ratios of each round on its own.
 	RoundRatios []RoundRatio
-	Notes          []string
-	Settings       []string
+	Notes       []string
+	Settings    []string
 }
 
 // RoundRatio is one ratio taken round by round (both sides measured
