@@ -147,14 +147,20 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	}
 	e.children = append(e.children, noop)
 	e.extProcPid[evNoop] = noop.pid()
-	iof, ioAddr, err := b.startFloor(ctx, "iofloor", "-redis-addr", e.redis, "-redis-prefix", e.prefix+"iofloor:", "-pg-dsn", e.db.dsn)
+	ioArgs := []string{"-redis-addr", e.redis, "-redis-prefix", e.prefix + "iofloor:", "-pg-dsn", e.db.dsn}
+	settings := idemgateSettings{RedisAddr: e.redis, KeyPrefix: e.prefix, PostgresDSN: e.db.dsn}
+	if o.envoyLenientStores {
+		// Still below the 1 s message_timeout.
+		ioArgs = append(ioArgs, "-store-timeout", "700ms")
+		settings.StoreTimeout, settings.RedisTimeout = "700ms", "300ms"
+	}
+	iof, ioAddr, err := b.startFloor(ctx, "iofloor", ioArgs...)
 	if err != nil {
 		return err
 	}
 	e.children = append(e.children, iof)
 	e.extProcPid[evIO] = iof.pid()
-	e.idem, err = startIdemgate(ctx, b.bin, e.dir, "envoy", b.key,
-		idemgateSettings{RedisAddr: e.redis, KeyPrefix: e.prefix, PostgresDSN: e.db.dsn}, b.profiling())
+	e.idem, err = startIdemgate(ctx, b.bin, e.dir, "envoy", b.key, settings, b.profiling())
 	if err != nil {
 		return err
 	}

@@ -38,6 +38,7 @@ func TestThroughEnvoyTiny(t *testing.T) {
 		"-envoy-rounds", "1", "-envoy-duration", "400ms", "-envoy-warmup", "0s",
 		"-budget-rate", "1000", "-envoy-confirm-rate", "1000", "-replay-pool", "32")
 	b.bin = bin
+	b.opts.envoyLenientStores = true
 	setupKeys(t, b)
 	err = b.runEnvoy(t.Context())
 	require.NoError(t, err, "%v", b.rep.Envoy.Notes)

@@ -56,7 +56,11 @@ type idemgateSettings struct {
 	AdminListen string
 	RedisAddr   string // empty: no Redis
 	KeyPrefix   string // of the Redis keys; empty: idem:
-	PostgresDSN string // empty: no PostgreSQL (both empty: memory store)
+	// StoreTimeout and RedisTimeout replace envoy/idemgate.yaml's 250ms and
+	// 50ms when set (the behaviour test on a busy machine).
+	StoreTimeout string
+	RedisTimeout string
+	PostgresDSN  string // empty: no PostgreSQL (both empty: memory store)
 }
 
 // The operation and limits mirror envoy/idemgate.yaml; the store is the
@@ -73,13 +77,13 @@ signing:
 subject:
   header: x-idemgate-subject
 store:
-  timeout: 250ms
+  timeout: {{if .StoreTimeout}}{{.StoreTimeout}}{{else}}250ms{{end}}
 {{- if .RedisAddr}}
   redis:
     addrs: ["{{.RedisAddr}}"]
     mode: single
     key_prefix: "{{if .KeyPrefix}}{{.KeyPrefix}}{{else}}idem:{{end}}"
-    timeout: 50ms
+    timeout: {{if .RedisTimeout}}{{.RedisTimeout}}{{else}}50ms{{end}}
 {{- end}}
 {{- if .PostgresDSN}}
   postgres:

@@ -85,6 +85,10 @@ type options struct {
 	envoyWarmup      time.Duration
 	envoyRedis       string
 	envoyConfirmRate int
+	// envoyLenientStores (tests only) gives idemgate and the I/O floor
+	// longer store timeouts than shipped, for a behaviour check that must
+	// not fail when a busy machine delays Redis past 50 ms.
+	envoyLenientStores bool
 
 	serve serveOptions
 }
@@ -170,6 +174,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.serve.redisAddr, "redis-addr", "", "internal: -serve iofloor Redis address")
 	fs.StringVar(&o.serve.redisPrefix, "redis-prefix", "iofloor:", "internal: -serve iofloor prefix of its Redis keys")
 	fs.StringVar(&o.serve.pgDSN, "pg-dsn", "", "internal: -serve iofloor PostgreSQL DSN")
+	fs.DurationVar(&o.serve.storeTimeout, "store-timeout", 0, "internal: -serve iofloor bound of each store call (default 250ms)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

@@ -156,6 +156,8 @@ func TestIdemgateConfigIsAcceptedByTheStrictLoader(t *testing.T) {
 		{"tiered", idemgateSettings{RedisAddr: "127.0.0.1:7000", PostgresDSN: "postgres://postgres@127.0.0.1:5432/idemgate_bench_1?sslmode=disable"}, true, true},
 		{"postgres", idemgateSettings{PostgresDSN: "postgres://postgres@127.0.0.1:5432/idemgate_bench_1?sslmode=disable"}, false, true},
 		{"memory", idemgateSettings{}, false, false},
+		{"tiered-lenient", idemgateSettings{RedisAddr: "127.0.0.1:6379", KeyPrefix: "idemgate-envoybench-1-ab:", StoreTimeout: "700ms", RedisTimeout: "300ms",
+			PostgresDSN: "postgres://postgres@127.0.0.1:5432/idemgate_envoybench_1?sslmode=disable"}, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.settings.GRPCListen, tc.settings.AdminListen = "127.0.0.1:50051", "127.0.0.1:9090"

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os/signal"
 	"syscall"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,11 +23,12 @@ import (
 
 // serveOptions are the hidden flags of the child mode (-serve).
 type serveOptions struct {
-	kind        string // noop | iofloor | upstream
-	listen      string
-	redisAddr   string
-	redisPrefix string // iofloor: prefix of its Redis keys
-	pgDSN       string
+	kind         string // noop | iofloor | upstream
+	listen       string
+	redisAddr    string
+	redisPrefix  string // iofloor: prefix of its Redis keys
+	pgDSN        string
+	storeTimeout time.Duration // iofloor: bound of each store call (0: 250ms)
 }
 
 // serve runs a floor server as this process's only job, prints "ready" on
@@ -64,7 +66,7 @@ func serve(o serveOptions, stderr io.Writer) error {
 			return fmt.Errorf("failed to open the PostgreSQL pool: %w", err)
 		}
 		defer pool.Close()
-		io, err := floor.NewIO(ctx, floor.IOOptions{Redis: rdb, Postgres: pool, KeyPrefix: o.redisPrefix})
+		io, err := floor.NewIO(ctx, floor.IOOptions{Redis: rdb, Postgres: pool, KeyPrefix: o.redisPrefix, StoreTimeout: o.storeTimeout})
 		if err != nil {
 			return err
 		}
