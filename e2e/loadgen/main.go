@@ -63,6 +63,7 @@ type options struct {
 	messageTimeout time.Duration
 	budgetRate     int
 	replayPool     int
+	rounds         int
 
 	memStreams int
 	memBody    int
@@ -150,6 +151,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&scen, "scenarios", strings.Join(allScenarios, ","), "comma-separated scenarios: "+strings.Join(allScenarios, ","))
 	fs.DurationVar(&o.messageTimeout, "message-timeout", time.Second, "ext_proc message_timeout (envoy/envoy.yaml: 1s)")
 	fs.IntVar(&o.budgetRate, "budget-rate", 20000, "count bound: at most this many requests per second of warm-up+duration per cell")
+	fs.IntVar(&o.rounds, "rounds", 3, "floor, preview and replay (when all three run): this many rounds per concurrency, each -duration/rounds long, the order rotated each round")
 	fs.IntVar(&o.replayPool, "replay-pool", 1024, "fingerprints completed before the replay cells and reused round-robin")
 	fs.IntVar(&o.memStreams, "memory-streams", 5000, "concurrent open streams in the memory scenario")
 	fs.IntVar(&o.memBody, "memory-body", 2048, "request body bytes per stream in the memory scenario")
@@ -213,6 +215,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.envoyTable && (o.envoyRounds < 1 || o.envoyDuration <= 0 || o.envoyWarmup < 0 || o.envoyConfirmRate < 1) {
 		problems = append(problems, errors.New("-envoy-rounds and -envoy-confirm-rate must be at least 1, -envoy-duration positive and -envoy-warmup not negative"))
+	}
+	if o.rounds < 1 {
+		problems = append(problems, errors.New("-rounds must be at least 1"))
 	}
 	if o.budgetRate < 1 || o.replayPool < 1 {
 		problems = append(problems, errors.New("-budget-rate and -replay-pool must be at least 1"))
