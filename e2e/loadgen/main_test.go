@@ -111,7 +111,7 @@ func TestSmokeIdemgate(t *testing.T) {
 	servicesOrSkip(t)
 
 	b := newTestBench(t, "-idemgate", bin, "-concurrency", "4", "-duration", "1s", "-warmup", "200ms",
-		"-scenarios", "preview,replay,io-floor,confirm-tiered,confirm-postgres,memory",
+		"-scenarios", "floor,preview,replay,io-floor,confirm-tiered,confirm-postgres,memory", "-rounds", "2", "-envoy-table=false",
 		"-replay-pool", "64", "-memory-streams", "200", "-memory-body", "1024")
 	md, err := b.run(t.Context())
 	require.NoError(t, err)
@@ -128,7 +128,9 @@ func TestSmokeIdemgate(t *testing.T) {
 			t.Logf("%s: %d unexpected outcomes: %s", cell.Scenario, f.Errors, f.Outcomes)
 		}
 	}
-	require.Len(t, b.rep.Cells, 5)
+	require.Len(t, b.rep.Cells, 6)
+	require.True(t, b.interleaved(), "floor, preview and replay ran in rotated rounds")
+	require.Contains(t, md, "measured in 2 rounds per concurrency")
 	require.Len(t, b.rep.Memory, 2)
 	for _, m := range b.rep.Memory {
 		require.Empty(t, m.Skipped, m.Route)
