@@ -56,9 +56,9 @@ test-short: ## Unit tests only (no services needed).
 	$(GO) test -short -count=1 $(GO_TEST_ARGS) ./...
 
 .PHONY: bench
-bench: services build ## Micro-benchmarks, then the ext_proc load benchmark that writes BENCHMARKS.md.
+bench: services envoy build ## Micro-benchmarks, then the load benchmarks (ext_proc level, then through the pinned Envoy) that write BENCHMARKS.md; about 10 minutes on 2 cores.
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 1s ./fingerprint/... ./state/... ./extproc/...
-	@if [ -d e2e/loadgen ]; then $(GO) run ./e2e/loadgen -out BENCHMARKS.md; else echo "load benchmark: not built yet"; fi
+	ENVOY_BIN=$(ENVOY) $(GO) run ./e2e/loadgen -out BENCHMARKS.md
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 60s); the binding rule's for BINDING_FUZZTIME (default 5m).
