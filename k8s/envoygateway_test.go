@@ -178,8 +178,8 @@ func targetsOf(kind string, name string, refs egv1a1.PolicyTargetReferences) ([]
 	}
 	all := slices.Clone(refs.TargetRefs)
 	//lint:ignore SA1019 a manifest may still use the deprecated singular form; it is checked like the rest
-	if refs.TargetRef != nil {
-		all = append(all, *refs.TargetRef)
+	if ref := refs.TargetRef; ref != nil {
+		all = append(all, *ref)
 	}
 	var out []string
 	for _, r := range all {

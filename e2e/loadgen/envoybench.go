@@ -207,7 +207,7 @@ func (e *envoyBench) pingRedis(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := e.rdb.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("Redis at %s does not answer (make services starts it): %w", e.redis, err)
+		return fmt.Errorf("the Redis at %s does not answer (make services starts it): %w", e.redis, err)
 	}
 	return nil
 }

@@ -106,7 +106,7 @@ func TestSmokeIdemgate(t *testing.T) {
 	require.NoError(t, err)
 	bin := filepath.Join(t.TempDir(), "idemgate")
 	if err := buildIdemgate(t.Context(), root, bin, idemgatePackage); err != nil {
-		t.Skipf("idemgate smoke test skipped: ./cmd/idemgate does not build yet: %v", err)
+		t.Fatalf("failed to build %s: %v", idemgatePackage, err)
 	}
 	servicesOrSkip(t)
 
@@ -311,7 +311,7 @@ func TestProfilesThroughTheAdminServer(t *testing.T) {
 	require.NoError(t, err)
 	bin := filepath.Join(t.TempDir(), "idemgate")
 	if err := buildIdemgate(t.Context(), root, bin, idemgatePackage); err != nil {
-		t.Skipf("profiling test skipped: %s does not build yet: %v", idemgatePackage, err)
+		t.Fatalf("failed to build %s: %v", idemgatePackage, err)
 	}
 	dir := t.TempDir()
 	b := newTestBench(t, "-concurrency", "2", "-duration", "1s", "-cpuprofile", dir, "-memprofile", dir)
