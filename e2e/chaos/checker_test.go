@@ -29,7 +29,7 @@ var (
 	bodyB   = []byte(`{"transfer_id":"tr_000002","status":"completed","amount":"7.00"}`)
 )
 
-func yes() *bool { b := true; return &b }
+func yes() *bool      { b := true; return &b }
 func intp(i int) *int { return &i }
 
 func replayOf(result []byte) *Envelope {
