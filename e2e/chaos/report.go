@@ -1,0 +1,114 @@
+package chaos
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Report renders what a run did and found: confirms, faults by kind,
+// executions, answers by status, UNKNOWNs and their causes, violations, and
+// the command that reruns it.
+func Report(h History, vs []Violation, opts Options, took time.Duration) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "chaos run: seed %d, %s of load (%s total), %d pods, %d agents, %s, ttl.in_flight %s\n",
+		h.Seed, opts.Duration, took.Round(time.Second), opts.Pods, opts.Agents, mode(h.HonoursKeys), opts.InFlightTTL)
+
+	kinds := map[string]int{}
+	answers := map[string]int{}
+	statusAnswers := map[string]int{}
+	for _, c := range h.Calls {
+		kinds[c.Kind]++
+		switch c.Kind {
+		case KindConfirm:
+			answers[answerName(c)]++
+		case KindStatus:
+			statusAnswers[answerName(c)]++
+		}
+	}
+	fmt.Fprintf(&b, "calls: %d previews (%d fingerprints issued), %d confirms, %d status polls\n",
+		kinds[KindPreview], len(h.Issued), kinds[KindConfirm], kinds[KindStatus])
+	fmt.Fprintf(&b, "confirm answers: %s\n", counts(answers))
+	fmt.Fprintf(&b, "status answers:  %s\n", counts(statusAnswers))
+
+	faults := map[string]int{}
+	for _, f := range h.Faults {
+		faults[f.Kind]++
+	}
+	fmt.Fprintf(&b, "faults (%d): %s\n", len(h.Faults), counts(faults))
+
+	multi := 0
+	for _, k := range h.ExecutionsByKey {
+		if k > 1 {
+			multi++
+		}
+	}
+	fmt.Fprintf(&b, "upstream: %d confirms reached it, %d executions over %d nonces (%d nonces more than once)\n",
+		len(h.Upstream), h.TotalExecutions, len(h.ExecutionsByKey), multi)
+
+	states := map[string]int{}
+	for _, r := range h.Rows {
+		states[r.State]++
+	}
+	fmt.Fprintf(&b, "PostgreSQL rows: %s\n", counts(states))
+
+	unknown := map[string]bool{}
+	for n, r := range h.Rows {
+		if r.State == "UNKNOWN" {
+			unknown[n] = true
+		}
+	}
+	causes := map[string]int{}
+	for n := range unknown {
+		if f, ok := UnknownCause(h, n); ok {
+			causes[f.Kind]++
+		} else {
+			causes["(none)"]++
+		}
+	}
+	fmt.Fprintf(&b, "UNKNOWN records: %d; causes: %s\n", len(unknown), counts(causes))
+
+	fmt.Fprintf(&b, "violations: %d\n", len(vs))
+	for i, v := range vs {
+		if i == 30 {
+			fmt.Fprintf(&b, "  … %d more\n", len(vs)-i)
+			break
+		}
+		fmt.Fprintf(&b, "  %s\n", v)
+	}
+	fmt.Fprintf(&b, "rerun: %s\n", opts.Rerun)
+	return b.String()
+}
+
+// answerName names an answer for the tallies: the envelope's status, the
+// upstream's HTTP status, or the transport error's class.
+func answerName(c Call) string {
+	switch {
+	case c.Timeout:
+		return "client_timeout"
+	case c.Err != "":
+		return "transport_error"
+	case c.Envelope != nil:
+		return c.Envelope.Status
+	case c.HTTP >= 200 && c.HTTP < 300:
+		return fmt.Sprintf("executed_%d", c.HTTP)
+	}
+	return fmt.Sprintf("http_%d", c.HTTP)
+}
+
+func counts(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, " ")
+}
