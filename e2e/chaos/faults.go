@@ -4,51 +4,91 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// Injector injects faults at seeded random moments, one at a time, each
-// logged with its window. It runs on the test goroutine (a failed restart
-// ends the test there).
+// Injector injects faults at seeded random moments and logs each with its
+// window. Faults run in three lanes, one fault at a time in each, so that
+// a slow one (a Sentinel failover takes seconds) does not starve the
+// others and faults of different parts overlap as they do in production:
+// Redis (on the test goroutine: a failed Redis restart ends the test
+// there), the pods (replica kills, Envoy restarts), and PostgreSQL with the
+// upstream.
 type Injector struct {
 	tp    *Topology
 	rec   *Recorder
-	rng   *rand.Rand
-	kinds []string
+	seed  int64
+	kinds map[string]bool
 	// faultsEnd is when the last fault's window closed.
 	faultsEnd time.Time
 }
 
-// faultKinds are the kinds the injector draws from, uniformly.
-var faultKinds = []string{
-	FaultKillReplica, FaultEnvoyRestart, FaultKillRedis, FaultFlushAll, FaultFailover,
-	FaultPGCut, FaultUpstreamSlow, FaultUpstreamReset, FaultUpstream5xx,
+// Fault lanes and the kinds each draws from, uniformly.
+var lanes = [][]string{
+	{FaultKillRedis, FaultFlushAll, FaultFailover},
+	{FaultKillReplica, FaultEnvoyRestart},
+	{FaultPGCut, FaultUpstreamSlow, FaultUpstreamReset, FaultUpstream5xx},
 }
 
-// NewInjector returns an injector drawing its moments and kinds from seed.
+// NewInjector returns an injector drawing its moments and kinds from seed;
+// kinds limits the kinds injected (nil: all).
 func NewInjector(tp *Topology, rec *Recorder, seed int64, kinds []string) *Injector {
-	if len(kinds) == 0 {
-		kinds = faultKinds
+	in := &Injector{tp: tp, rec: rec, seed: seed, kinds: map[string]bool{}}
+	for _, lane := range lanes {
+		for _, k := range lane {
+			in.kinds[k] = len(kinds) == 0
+		}
 	}
-	return &Injector{tp: tp, rec: rec, rng: rand.New(rand.NewPCG(uint64(seed), 0xfa17)), kinds: kinds}
+	for _, k := range kinds {
+		in.kinds[k] = true
+	}
+	return in
 }
 
 // Run injects faults until ctx ends, a pause of meanGap on average between
-// two, and leaves every part running again. It returns an error when a part
-// could not be brought back.
+// two in each lane, and leaves every part running again. It returns an
+// error when a part could not be brought back.
 func (in *Injector) Run(ctx context.Context, meanGap time.Duration) error {
+	errs := make(chan error, len(lanes))
+	var wg sync.WaitGroup
+	for i := 1; i < len(lanes); i++ {
+		wg.Go(func() { errs <- in.lane(ctx, i, meanGap) })
+	}
+	errs <- in.lane(ctx, 0, meanGap)
+	wg.Wait()
+	in.faultsEnd = time.Now()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (in *Injector) lane(ctx context.Context, i int, meanGap time.Duration) error {
+	var kinds []string
+	for _, k := range lanes[i] {
+		if in.kinds[k] {
+			kinds = append(kinds, k)
+		}
+	}
+	if len(kinds) == 0 {
+		return nil
+	}
+	rng := rand.New(rand.NewPCG(uint64(in.seed), 0xfa17+uint64(i)))
 	for {
-		gap := time.Duration(float64(meanGap) * (0.5 + in.rng.Float64()))
+		gap := time.Duration(float64(meanGap) * (0.5 + rng.Float64()))
 		select {
 		case <-ctx.Done():
-			in.faultsEnd = time.Now()
 			return nil
 		case <-time.After(gap):
 		}
-		kind := in.kinds[in.rng.IntN(len(in.kinds))]
-		if err := in.inject(kind); err != nil {
+		kind := kinds[rng.IntN(len(kinds))]
+		if err := in.inject(rng, kind); err != nil {
 			return fmt.Errorf("fault %s: %w", kind, err)
 		}
 	}
@@ -63,17 +103,17 @@ func (in *Injector) End() time.Time {
 	return end
 }
 
-func (in *Injector) between(lo, hi time.Duration) time.Duration {
-	return lo + time.Duration(in.rng.Int64N(int64(hi-lo)+1))
+func between(rng *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(rng.Int64N(int64(hi-lo)+1))
 }
 
-func (in *Injector) inject(kind string) error {
+func (in *Injector) inject(rng *rand.Rand, kind string) error {
 	tp := in.tp
 	ttl := tp.opts.InFlightTTL
 	switch kind {
 	case FaultKillReplica:
-		p := tp.Pods[in.rng.IntN(len(tp.Pods))]
-		down := in.between(300*time.Millisecond, 2*time.Second)
+		p := tp.Pods[rng.IntN(len(tp.Pods))]
+		down := between(rng, 300*time.Millisecond, 2*time.Second)
 		at := time.Now()
 		p.Idemgate.Kill()
 		time.Sleep(down)
@@ -82,18 +122,18 @@ func (in *Injector) inject(kind string) error {
 		return err
 
 	case FaultEnvoyRestart:
-		p := tp.Pods[in.rng.IntN(len(tp.Pods))]
+		p := tp.Pods[rng.IntN(len(tp.Pods))]
 		at := time.Now()
 		err := p.RestartEnvoy()
 		in.rec.Fault(Fault{Kind: kind, At: at, Until: time.Now(), Pod: p.Index, Detail: fmt.Sprintf("kill -9 envoy %d, started again", p.Index)})
 		return err
 
 	case FaultKillRedis:
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
 		if err := tp.waitReplicas(1, 20*time.Second); err != nil {
 			return err
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
 		addr, err := tp.MasterAddr(ctx)
 		if err != nil {
 			return err
@@ -142,7 +182,7 @@ func (in *Injector) inject(kind string) error {
 		return nil
 
 	case FaultPGCut:
-		d := in.between(300*time.Millisecond, 3*time.Second)
+		d := between(rng, 300*time.Millisecond, 3*time.Second)
 		at := time.Now()
 		tp.PGProxy.Cut()
 		time.Sleep(d)
@@ -152,7 +192,7 @@ func (in *Injector) inject(kind string) error {
 
 	case FaultUpstreamSlow:
 		// Beyond the lease: a retry meanwhile finds it expired.
-		tp.Ledger.Arm(kind, ttl+in.between(500*time.Millisecond, 2*time.Second))
+		tp.Ledger.Arm(kind, ttl+between(rng, 500*time.Millisecond, 2*time.Second))
 	case FaultUpstreamReset, FaultUpstream5xx:
 		tp.Ledger.Arm(kind, 0)
 	}

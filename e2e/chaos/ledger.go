@@ -106,6 +106,7 @@ func (l *Ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			l.slowUntil = due
 		}
 	}
+	call.Fault = f.kind
 	idx := len(l.calls)
 	l.calls = append(l.calls, call)
 	l.mu.Unlock()

@@ -112,3 +112,50 @@ func counts(m map[string]int) string {
 	}
 	return strings.Join(parts, " ")
 }
+
+// Timeline lists everything the history holds about one nonce, in time
+// order: the agents' calls, the upstream's log, the faults logged for it
+// or on a pod it used while it was in flight, and its final row.
+func Timeline(h History, nonce string) string {
+	type line struct {
+		at   time.Time
+		text string
+	}
+	var ls []line
+	pods := map[int]bool{}
+	var first, last time.Time
+	for _, c := range h.Calls {
+		if c.Nonce != nonce {
+			continue
+		}
+		pods[c.Pod] = true
+		if first.IsZero() || c.Start.Before(first) {
+			first = c.Start
+		}
+		if c.End.After(last) {
+			last = c.End
+		}
+		ls = append(ls, line{c.Start, fmt.Sprintf("call %d agent %d %s pod %d drifted=%v → %s after %s", c.ID, c.Agent, c.Kind, c.Pod, c.Drifted, describe(c), c.End.Sub(c.Start).Round(time.Millisecond))})
+	}
+	for _, u := range h.Upstream {
+		if u.Nonce == nonce {
+			ls = append(ls, line{u.At, fmt.Sprintf("upstream got key %q fault %q → %d %s (after %s)", u.Key, u.Fault, u.Status, clip(u.Body), u.End.Sub(u.At).Round(time.Millisecond))})
+		}
+	}
+	for _, f := range h.Faults {
+		hit := f.Nonce == nonce || f.Nonce == "" && (f.Pod < 0 || pods[f.Pod]) && f.At.Before(last.Add(faultSlack)) && first.Before(f.Until.Add(faultSlack))
+		if hit {
+			ls = append(ls, line{f.At, fmt.Sprintf("fault %s pod %d until +%s: %s", f.Kind, f.Pod, f.Until.Sub(f.At).Round(time.Millisecond), f.Detail)})
+		}
+	}
+	sort.SliceStable(ls, func(i, j int) bool { return ls[i].at.Before(ls[j].at) })
+	var b strings.Builder
+	fmt.Fprintf(&b, "timeline of %s (executions %d):\n", nonce, h.ExecutionsByKey[nonce])
+	for _, l := range ls {
+		fmt.Fprintf(&b, "  %s %s\n", l.at.Format("15:04:05.000"), l.text)
+	}
+	if r, ok := h.Rows[nonce]; ok {
+		fmt.Fprintf(&b, "  row: %s status %v body %s\n", r.State, derefInt(r.ResultStatus), clip(r.ResultBody))
+	}
+	return b.String()
+}

@@ -27,6 +27,12 @@ type Options struct {
 	// lease is still waited for (and its lease taken over meanwhile).
 	InFlightTTL         time.Duration
 	ConfirmRouteTimeout time.Duration
+	// ConfirmRetryOn replaces the confirm route's retry_on (empty: as
+	// shipped, "reset,connect-failure"). With a key-ignoring payments the
+	// run uses "connect-failure,reset-before-request": Envoy's retry after a
+	// reset re-sends a confirm the upstream may have executed, a second
+	// payment idemgate cannot see (TestShippedRetryOnResetDoublePays).
+	ConfirmRetryOn string
 	// FaultGap is the mean pause between two faults.
 	FaultGap time.Duration
 	// FaultKinds limits the kinds injected (nil: all).
@@ -51,10 +57,16 @@ func (o *Options) defaults() {
 	if o.ConfirmRouteTimeout == 0 {
 		o.ConfirmRouteTimeout = 8 * time.Second
 	}
+	if o.ConfirmRetryOn == "" && !o.HonoursKeys {
+		o.ConfirmRetryOn = SafeRetryOn
+	}
 	if o.FaultGap == 0 {
 		o.FaultGap = 3 * time.Second
 	}
 }
+
+// SafeRetryOn retries only what never reached the upstream.
+const SafeRetryOn = "connect-failure,reset-before-request"
 
 // Result is a finished run: its history, the violations and the report.
 type Result struct {
@@ -135,6 +147,13 @@ func Run(t testing.TB, env stack.Env, opts Options) Result {
 	vs := Check(h)
 	res := Result{History: h, Violations: vs, Report: Report(h, vs, opts, time.Since(started))}
 	if len(vs) > 0 {
+		seen := map[string]bool{}
+		for _, v := range vs {
+			if v.Nonce != "" && !seen[v.Nonce] && len(seen) < 8 {
+				seen[v.Nonce] = true
+				t.Logf("%s", Timeline(h, v.Nonce))
+			}
+		}
 		for _, p := range tp.Pods {
 			g, e := p.Logs()
 			t.Logf("---- idemgate %d log (tail) ----\n%s", p.Index, tail(g, 12000))

@@ -180,7 +180,9 @@ func StartTopology(t testing.TB, env stack.Env, opts Options, ledger *Ledger) *T
 		if err := g.Start(); err != nil {
 			t.Fatalf("idemgate %d did not start: %v\n%s", i, err, g.Log())
 		}
-		bs, err := stack.RenderBootstrap(grpcAddr, tp.paymentsAddr, opts.ConfirmRouteTimeout)
+		bs, err := stack.RenderBootstrap(grpcAddr, tp.paymentsAddr, stack.BootstrapOptions{
+			ConfirmRouteTimeout: opts.ConfirmRouteTimeout, ConfirmRetryOn: opts.ConfirmRetryOn,
+		})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,9 +1,15 @@
 package stack
 
 import (
+	"fmt"
 	"syscall"
 	"testing"
 	"time"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"sigs.k8s.io/yaml"
 )
 
 // This file exports the pieces of a stack that a multi-replica topology
@@ -51,17 +57,56 @@ func NewIdemgate(bin, configPath, signingKey, dsn, grpcAddr, adminAddr string) *
 // streams (DESIGN section 7).
 func (g *Idemgate) StartProcess() error { return g.startProcess() }
 
+// BootstrapOptions are RenderBootstrap's changes beyond the addresses.
+type BootstrapOptions struct {
+	// ConfirmRouteTimeout replaces the confirm route's timeout when > 0.
+	ConfirmRouteTimeout time.Duration
+	// ConfirmRetryOn replaces the confirm route's retry_policy.retry_on
+	// when set: a downstream that ignores Idempotency-Key must not get a
+	// request retried after it may have arrived (see e2e/chaos).
+	ConfirmRetryOn string
+}
+
 // RenderBootstrap returns the shipped envoy.yaml bound to loopback port 0
 // (listener and admin), its idemgate and payments clusters pointed at the
-// given addresses, the stacks' ext_proc message timeout, and the confirm
-// route's timeout replaced when confirmRouteTimeout > 0.
-func RenderBootstrap(idemgateAddr, paymentsAddr string, confirmRouteTimeout time.Duration) ([]byte, error) {
-	return renderBootstrap(bootstrapEdits{
+// given addresses, the stacks' ext_proc message timeout, and o applied.
+func RenderBootstrap(idemgateAddr, paymentsAddr string, o BootstrapOptions) ([]byte, error) {
+	raw, err := renderBootstrap(bootstrapEdits{
 		listenAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0",
 		clusters:            map[string]string{"idemgate": idemgateAddr, "payments": paymentsAddr},
-		confirmRouteTimeout: confirmRouteTimeout,
+		confirmRouteTimeout: o.ConfirmRouteTimeout,
 		messageTimeout:      extProcMessageTimeout,
 	})
+	if err != nil || o.ConfirmRetryOn == "" {
+		return raw, err
+	}
+	js, err := yaml.YAMLToJSON(raw)
+	if err != nil {
+		return nil, err
+	}
+	var bs bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(js, &bs); err != nil {
+		return nil, err
+	}
+	hcm := bs.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig()
+	if err := editHCM(hcm, func(h *hcmv3.HttpConnectionManager) error {
+		for _, vh := range h.GetRouteConfig().GetVirtualHosts() {
+			for _, r := range vh.GetRoutes() {
+				if r.GetName() == confirmRouteName && r.GetRoute().GetRetryPolicy() != nil {
+					r.GetRoute().GetRetryPolicy().RetryOn = o.ConfirmRetryOn
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("envoy.yaml has no route %q with a retry policy", confirmRouteName)
+	}); err != nil {
+		return nil, err
+	}
+	out, err := protojson.Marshal(&bs)
+	if err != nil {
+		return nil, err
+	}
+	return yaml.JSONToYAML(out)
 }
 
 // StartEnvoy runs the pinned Envoy binary on bootstrap and waits until it is
