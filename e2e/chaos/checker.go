@@ -199,9 +199,15 @@ func Check(h History) []Violation {
 		case "IN_FLIGHT":
 			if r.LeaseUntil.After(h.RowsAt) {
 				add(4, n, "stuck IN_FLIGHT (lease until %s, read at %s)", r.LeaseUntil.Format(time.RFC3339Nano), h.RowsAt.Format(time.RFC3339Nano))
-			} else if h.ExecutionsByKey[n] > 0 {
+			} else if h.HonoursKeys && h.ExecutionsByKey[n] > 0 {
+				// Released or orphaned, and the sweep's confirm (which
+				// would re-send the key and complete it) did not.
 				add(4, n, "executed, yet its record is still IN_FLIGHT (released, never completed)")
 			}
+			// With a key-ignoring downstream an expired lease is UNKNOWN
+			// (DESIGN section 3): idemgate answers it as
+			// needs_reconciliation and marks the row only on the next
+			// confirm. It is checked as an UNKNOWN below.
 		case "DONE", "FAILED":
 			if !rowMatchesUpstream(h, r, upByNonce[n]) {
 				add(4, n, "%s row (status %v, body %s) matches nothing the upstream answered", r.State, derefInt(r.ResultStatus), clip(r.ResultBody))
@@ -225,7 +231,7 @@ func Check(h History) []Violation {
 	// (5) Every UNKNOWN traces back to an ambiguous event in the fault log.
 	unknown := map[string]bool{}
 	for n, r := range h.Rows {
-		if r.State == "UNKNOWN" {
+		if r.State == "UNKNOWN" || ExpiredUnmarked(h, r) {
 			unknown[n] = true
 		}
 	}
@@ -274,6 +280,13 @@ func Check(h History) []Violation {
 		return out[i].Nonce < out[j].Nonce
 	})
 	return out
+}
+
+// ExpiredUnmarked says r is an IN_FLIGHT row whose lease ran out under a
+// key-ignoring downstream: UNKNOWN by DESIGN section 3, though PostgreSQL
+// still says IN_FLIGHT because nobody confirmed it since.
+func ExpiredUnmarked(h History, r Row) bool {
+	return !h.HonoursKeys && r.State == "IN_FLIGHT" && !r.LeaseUntil.After(h.RowsAt)
 }
 
 // UnknownCause returns the ambiguous fault that explains an UNKNOWN nonce:

@@ -54,9 +54,14 @@ func Report(h History, vs []Violation, opts Options, took time.Duration) string 
 	fmt.Fprintf(&b, "PostgreSQL rows: %s\n", counts(states))
 
 	unknown := map[string]bool{}
+	unmarked := 0
 	for n, r := range h.Rows {
 		if r.State == "UNKNOWN" {
 			unknown[n] = true
+		}
+		if ExpiredUnmarked(h, r) {
+			unknown[n] = true
+			unmarked++
 		}
 	}
 	causes := map[string]int{}
@@ -67,7 +72,7 @@ func Report(h History, vs []Violation, opts Options, took time.Duration) string 
 			causes["(none)"]++
 		}
 	}
-	fmt.Fprintf(&b, "UNKNOWN records: %d; causes: %s\n", len(unknown), counts(causes))
+	fmt.Fprintf(&b, "UNKNOWN records: %d (%d of them IN_FLIGHT rows with an expired lease, not yet marked); causes: %s\n", len(unknown), unmarked, counts(causes))
 
 	fmt.Fprintf(&b, "violations: %d\n", len(vs))
 	for i, v := range vs {
