@@ -30,7 +30,7 @@ type Injector struct {
 var lanes = [][]string{
 	{FaultKillRedis, FaultFlushAll, FaultFailover},
 	{FaultKillReplica, FaultEnvoyRestart},
-	{FaultPGCut, FaultUpstreamSlow, FaultUpstreamReset, FaultUpstream5xx},
+	{FaultPGCut, FaultPGRestart, FaultUpstreamSlow, FaultUpstreamReset, FaultUpstream5xx},
 }
 
 // NewInjector returns an injector drawing its moments and kinds from seed;
@@ -44,6 +44,9 @@ func NewInjector(tp *Topology, rec *Recorder, seed int64, kinds []string) *Injec
 	}
 	for _, k := range kinds {
 		in.kinds[k] = true
+	}
+	if tp.PG == nil {
+		in.kinds[FaultPGRestart] = false // never the shared server
 	}
 	return in
 }
@@ -189,6 +192,13 @@ func (in *Injector) inject(rng *rand.Rand, kind string) error {
 		tp.PGProxy.Restore()
 		in.rec.Fault(Fault{Kind: kind, At: at, Until: time.Now(), Pod: -1, Detail: fmt.Sprintf("every PostgreSQL connection cut for %s", d)})
 		return nil
+
+	case FaultPGRestart:
+		down := between(rng, 200*time.Millisecond, 2*time.Second)
+		at := time.Now()
+		err := tp.PG.Restart(down)
+		in.rec.Fault(Fault{Kind: kind, At: at, Until: time.Now(), Pod: -1, Detail: fmt.Sprintf("kill -9 PostgreSQL (every backend), started again after %s (crash recovery)", down)})
+		return err
 
 	case FaultUpstreamSlow:
 		// Beyond the lease: a retry meanwhile finds it expired.

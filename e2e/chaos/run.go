@@ -37,6 +37,10 @@ type Options struct {
 	FaultGap time.Duration
 	// FaultKinds limits the kinds injected (nil: all).
 	FaultKinds []string
+	// OwnPostgres runs a PostgreSQL instance of the run's own, which the
+	// injector may crash and restart; otherwise a fresh database on the
+	// shared server (never restarted).
+	OwnPostgres bool
 	// Rerun is the command the report prints to run this again.
 	Rerun string
 }

@@ -44,6 +44,8 @@ type Topology struct {
 	// DSN reaches the database directly; the replicas go through PGProxy.
 	DSN     string
 	PGProxy *stack.TCPProxy
+	// PG is the run's own PostgreSQL (nil: a database on the shared one).
+	PG *PGInstance
 
 	Payments *payments.Server
 	Ledger   *Ledger
@@ -131,8 +133,19 @@ func StartTopology(t testing.TB, env stack.Env, opts Options, ledger *Ledger) *T
 		t.Fatal(err)
 	}
 
-	// PostgreSQL: a fresh database, reached by the replicas through a proxy.
-	tp.DSN = testutil.CreateDatabase(t)
+	// PostgreSQL: an instance of the run's own (so it can crash and
+	// restart) or a fresh database on the shared server, reached by the
+	// replicas through a proxy the run can cut.
+	if opts.OwnPostgres {
+		inst, err := StartPGInstance(t)
+		if err != nil {
+			t.Fatalf("own PostgreSQL: %v", err)
+		}
+		tp.PG = inst
+		tp.DSN = inst.DSN()
+	} else {
+		tp.DSN = testutil.CreateDatabase(t)
+	}
 	proxied, err := proxyDSN(tp.DSN, func(target string) (string, error) {
 		p, err := stack.StartTCPProxy(target)
 		if err != nil {
