@@ -63,9 +63,23 @@ func TestChaos(t *testing.T) {
 			opts := Options{Seed: *seedFlag, Duration: *durationFlag / 2, HonoursKeys: honours, OwnPostgres: noInitdb == nil,
 				Rerun: fmt.Sprintf("make chaos SEED=%d DURATION=%s", *seedFlag, *durationFlag)}
 			res := Run(t, env, opts)
+			if testing.Verbose() {
+				t.Logf("\n%s", FaultLog(res.History))
+			}
 			t.Logf("\n%s", res.Report)
 			for _, v := range res.Violations {
 				t.Errorf("%s", v)
+			}
+			seen := map[string]bool{}
+			for _, f := range res.History.Faults {
+				seen[f.Kind] = true
+			}
+			for _, lane := range lanes {
+				for _, k := range lane {
+					if !seen[k] && (k != FaultPGRestart || opts.OwnPostgres) {
+						t.Logf("fault kind %s did not come up in this run", k)
+					}
+				}
 			}
 			if n := len(res.History.Faults); n == 0 {
 				t.Errorf("no fault was injected: nothing was tested")

@@ -143,7 +143,7 @@ func Check(h History) []Violation {
 			if c.Timeout {
 				continue // the agent's own deadline: it knows it gave up
 			}
-			if _, ok := explainingFault(h.Faults, c, false); !ok {
+			if _, ok := explainingFault(infraFaults(h.Faults), c, false); !ok {
 				add(2, c.Nonce, "call %d (pod %d) got %s with no fault to explain it", c.ID, c.Pod, describe(c))
 			}
 		case ClassUnavailable:
@@ -336,6 +336,22 @@ func explainingFault(faults []Fault, c Call, ambiguousOnly bool) (Fault, bool) {
 		}
 	}
 	return Fault{}, false
+}
+
+// infraFaults are the faults that may take an answer out of idemgate's
+// hands: its process or its Envoy gone, the upstream failing the
+// connection or the agent giving up. Redis and PostgreSQL faults may not:
+// idemgate must answer those itself (temporarily_unavailable at worst).
+func infraFaults(faults []Fault) []Fault {
+	var out []Fault
+	for _, f := range faults {
+		switch f.Kind {
+		case FaultKillReplica, FaultRestartReplica, FaultEnvoyRestart, FaultUpstreamSlow,
+			FaultUpstreamReset, FaultUpstream5xx, FaultClientTimeout:
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // executedDuring says the upstream received a confirm of c's nonce while c

@@ -230,9 +230,9 @@ func TestInvariant4ExecutedWithoutRow(t *testing.T) {
 
 func TestInvariant5UnknownWithoutCause(t *testing.T) {
 	h := validHistory()
-	// Move the kill to another pod: call 7's reset is still "explained" for
-	// (2) only if a fault hit pod 2, so give it a non-ambiguous one there.
-	h.Faults[2] = Fault{Kind: FaultRestartRedis, At: at(2250), Until: at(3000), Pod: 2}
+	// Replace the kill by a restart alone: it explains call 7's reset for
+	// (2), but a restart cannot leave an outcome unknown.
+	h.Faults[2] = Fault{Kind: FaultRestartReplica, At: at(2250), Until: at(3000), Pod: 2}
 	requireOnly(t, h, nonceB, 5)
 }
 
@@ -271,7 +271,7 @@ func TestInvariant5ExpiredLeaseWithoutCause(t *testing.T) {
 	// needs a cause like one.
 	h.Rows[nonceB] = Row{Key: nonceB, State: "IN_FLIGHT", LeaseUntil: at(4000)}
 	requireOnly(t, h, "", 0)
-	h.Faults[2] = Fault{Kind: FaultRestartRedis, At: at(2250), Until: at(3000), Pod: 2}
+	h.Faults[2] = Fault{Kind: FaultRestartReplica, At: at(2250), Until: at(3000), Pod: 2}
 	requireOnly(t, h, nonceB, 5)
 }
 
@@ -286,4 +286,12 @@ func TestInvariant4ExpiredLeaseLeftWithHonouringUpstream(t *testing.T) {
 	// confirm complete it.
 	h.Rows[nonceB] = Row{Key: nonceB, State: "IN_FLIGHT", LeaseUntil: at(4000)}
 	requireOnly(t, h, nonceB, 4)
+}
+
+func TestInvariant2InfraErrorDuringAStoreFault(t *testing.T) {
+	h := validHistory()
+	// An Envoy 500 while only PostgreSQL was cut: idemgate should have
+	// answered temporarily_unavailable itself.
+	h.Calls = append(h.Calls, Call{ID: 10, Kind: KindConfirm, Pod: 1, Nonce: nonceA, Start: at(95), End: at(150), HTTP: 500, Body: []byte("ext_proc error")})
+	requireOnly(t, h, nonceA, 2)
 }

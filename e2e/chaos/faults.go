@@ -26,7 +26,7 @@ type Injector struct {
 	faultsEnd time.Time
 }
 
-// Fault lanes and the kinds each draws from, uniformly.
+// Fault lanes and the kinds each draws from.
 var lanes = [][]string{
 	{FaultKillRedis, FaultFlushAll, FaultFailover},
 	{FaultKillReplica, FaultEnvoyRestart},
@@ -83,6 +83,9 @@ func (in *Injector) lane(ctx context.Context, i int, meanGap time.Duration) erro
 		return nil
 	}
 	rng := rand.New(rand.NewPCG(uint64(in.seed), 0xfa17+uint64(i)))
+	// A shuffled deck, not independent draws: every kind comes up once
+	// before any comes up again, so a short run still sees them all.
+	var deck []string
 	for {
 		gap := time.Duration(float64(meanGap) * (0.5 + rng.Float64()))
 		select {
@@ -90,7 +93,12 @@ func (in *Injector) lane(ctx context.Context, i int, meanGap time.Duration) erro
 			return nil
 		case <-time.After(gap):
 		}
-		kind := kinds[rng.IntN(len(kinds))]
+		if len(deck) == 0 {
+			deck = append(deck, kinds...)
+			rng.Shuffle(len(deck), func(a, b int) { deck[a], deck[b] = deck[b], deck[a] })
+		}
+		kind := deck[0]
+		deck = deck[1:]
 		if err := in.inject(rng, kind); err != nil {
 			return fmt.Errorf("fault %s: %w", kind, err)
 		}

@@ -164,3 +164,20 @@ func Timeline(h History, nonce string) string {
 	}
 	return b.String()
 }
+
+// FaultLog lists every fault with its time and window, as injected.
+func FaultLog(h History) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "fault log (%d):\n", len(h.Faults))
+	for _, f := range h.Faults {
+		target := "shared"
+		if f.Pod >= 0 {
+			target = fmt.Sprintf("pod %d", f.Pod)
+		}
+		if f.Nonce != "" {
+			target = "nonce " + f.Nonce
+		}
+		fmt.Fprintf(&b, "  %s +%-7s %-28s %-38s %s\n", f.At.Format("15:04:05.000"), f.Until.Sub(f.At).Round(time.Millisecond), f.Kind, target, f.Detail)
+	}
+	return b.String()
+}

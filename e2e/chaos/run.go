@@ -33,7 +33,7 @@ type Options struct {
 	// reset re-sends a confirm the upstream may have executed, a second
 	// payment idemgate cannot see (TestShippedRetryOnResetDoublePays).
 	ConfirmRetryOn string
-	// FaultGap is the mean pause between two faults.
+	// FaultGap is the mean pause between two faults of one lane.
 	FaultGap time.Duration
 	// FaultKinds limits the kinds injected (nil: all).
 	FaultKinds []string
@@ -65,7 +65,7 @@ func (o *Options) defaults() {
 		o.ConfirmRetryOn = SafeRetryOn
 	}
 	if o.FaultGap == 0 {
-		o.FaultGap = 3 * time.Second
+		o.FaultGap = 2 * time.Second
 	}
 }
 
