@@ -315,20 +315,14 @@ func UnknownCause(h History, nonce string) (Fault, bool) {
 }
 
 // explainingFault finds a fault that explains what call c got: one logged
-// for its nonce, or one on its pod (or a shared one) during its window.
+// for its nonce, on its pod, or on a shared part, during its window.
 // ambiguousOnly keeps the faults that can leave an outcome unknown.
 func explainingFault(faults []Fault, c Call, ambiguousOnly bool) (Fault, bool) {
 	for _, f := range faults {
 		if ambiguousOnly && !f.Ambiguous() {
 			continue
 		}
-		if f.Nonce != "" {
-			if f.Nonce == c.Nonce {
-				return f, true
-			}
-			continue
-		}
-		if f.Pod >= 0 && f.Pod != c.Pod {
+		if f.Nonce != "" && f.Nonce != c.Nonce || f.Nonce == "" && f.Pod >= 0 && f.Pod != c.Pod {
 			continue
 		}
 		if f.At.Add(-faultSlack).Before(c.End) && c.Start.Before(f.Until.Add(faultSlack)) {

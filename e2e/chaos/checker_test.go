@@ -295,3 +295,20 @@ func TestInvariant2InfraErrorDuringAStoreFault(t *testing.T) {
 	h.Calls = append(h.Calls, Call{ID: 10, Kind: KindConfirm, Pod: 1, Nonce: nonceA, Start: at(95), End: at(150), HTTP: 500, Body: []byte("ext_proc error")})
 	requireOnly(t, h, nonceA, 2)
 }
+
+func TestInvariant2NonceFaultExplainsOnlyItsOwnWindow(t *testing.T) {
+	h := validHistory()
+	// The reset of call 7 (2000–2300 ms) with only an upstream fault on B
+	// long before it: not an explanation.
+	h.Faults[2] = Fault{Kind: FaultUpstreamReset, At: at(100), Until: at(100), Pod: -1, Nonce: nonceB}
+	vs := Check(h)
+	found := false
+	for _, v := range vs {
+		if v.Invariant == 2 && v.Nonce == nonceB && strings.Contains(v.Detail, "call 7") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("an upstream fault outside the call's window explained it: %v", vs)
+	}
+}
