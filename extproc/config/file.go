@@ -169,6 +169,9 @@ type OperationSpec struct {
 	UpstreamRetries             *int                   `yaml:"upstream_retries"`
 	PollAfter                   string                 `yaml:"poll_after"`
 	Messages                    map[string]MessageText `yaml:"messages"`
+	// MCP makes the operation an MCP tool pair instead of three HTTP routes
+	// (DESIGN section 9); see MCPSpec.
+	MCP *MCPSpec `yaml:"mcp"`
 }
 
 // RouteSpec is an HTTP method and a path template.
