@@ -236,6 +236,10 @@ func TestMCP(t *testing.T) {
 			runMCPSuite(t, e, fakeDialer{srv: e.srv}, sse)
 		})
 	}
+	t.Run("grpc", func(t *testing.T) {
+		e := newMCPEnv(t, "")
+		runMCPSuite(t, e, e.startGRPC(t), true)
+	})
 }
 
 func runMCPSuite(t *testing.T, e *env, d dialer, sse bool) {
