@@ -16,33 +16,16 @@ import (
 	"github.com/idemgate/idemgate/state"
 )
 
-// outcomeClass is how an upstream answer settles a record (DESIGN section 3).
-type outcomeClass uint8
+// outcomeClass is how an upstream answer settles a record: the operation's
+// config.Outcomes decide (DESIGN section 3's defaults, overridable).
+type outcomeClass = config.Outcome
 
 const (
-	classNone outcomeClass = iota
-	classDone
-	classFailed
-	classAmbiguous
+	classNone      = config.OutcomeNone
+	classDone      = config.OutcomeDone
+	classFailed    = config.OutcomeFailed
+	classAmbiguous = config.OutcomeAmbiguous
 )
-
-// classify maps an upstream status to its outcome class: 2xx DONE; 4xx
-// except 408/409/425/429 FAILED (definite, replayable); 5xx, 408, 409 (a
-// downstream's "same key still in progress"), 425, 429 and anything
-// unreadable are ambiguous. 3xx is treated as a definite refusal (FAILED):
-// a redirect does not execute the operation, and replaying it is harmless.
-func classify(status int) outcomeClass {
-	switch {
-	case status >= 200 && status <= 299:
-		return classDone
-	case status == 408 || status == 409 || status == 425 || status == 429:
-		return classAmbiguous
-	case status >= 300 && status <= 499:
-		return classFailed
-	default:
-		return classAmbiguous
-	}
-}
 
 // confirmRequest runs the checks of DESIGN section 8 in order: body size,
 // JSON syntax, subject, fingerprint present, verify (MAC, version, scope,
@@ -430,7 +413,7 @@ func lowerASCII(s string) string {
 // answer is completed here; otherwise the body follows.
 func (ex *exchange) confirmResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, bool) {
 	ex.respStatus = responseStatus(h)
-	ex.respClass = classify(ex.respStatus)
+	ex.respClass = ex.op.Outcomes.Classify(ex.respStatus)
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		if storedResponseHeaders[hv.GetKey()] {
 			v := string(hv.GetRawValue())

@@ -32,7 +32,7 @@ func (ex *exchange) mcpResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.Pro
 		ex.respStatus = m.status
 		ex.respHeaders = []state.Header{{Name: hdrContentType, Value: "application/json"}}
 		if !ok2xx {
-			ex.respClass = classify(m.status)
+			ex.respClass = ex.op.Outcomes.Classify(m.status)
 			if ex.respClass == classAmbiguous {
 				ex.settleAmbiguous("upstream answered " + strconv.Itoa(m.status))
 				return responseHeadersReply(nil, noResponseBodyMode), true

@@ -718,6 +718,7 @@ func (c *compiler) operations(ops []OperationSpec, rt *Runtime, languageOK bool)
 			c.warnf(at("upstream_timeout"), "ttl.in_flight (%s) should exceed upstream_timeout × (1 + upstream_retries) = %s: a confirm still running when its lease ends can be taken over or marked unknown while the upstream is working on it", rt.TTL.InFlight, budget)
 		}
 		op.PollAfter = c.duration(at("poll_after"), o.PollAfter, DefaultPollAfter, false)
+		op.Outcomes = c.outcomes(o.Outcomes, at)
 		if o.MCP != nil {
 			c.mcpOperation(op, o, at)
 		}

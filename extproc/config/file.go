@@ -168,6 +168,7 @@ type OperationSpec struct {
 	UpstreamTimeout             string                 `yaml:"upstream_timeout"`
 	UpstreamRetries             *int                   `yaml:"upstream_retries"`
 	PollAfter                   string                 `yaml:"poll_after"`
+	Outcomes                    map[string]string      `yaml:"outcomes"`
 	Messages                    map[string]MessageText `yaml:"messages"`
 	// MCP makes the operation an MCP tool pair instead of three HTTP routes
 	// (DESIGN section 9); see MCPSpec.

@@ -239,6 +239,8 @@ type Operation struct {
 	UpstreamTimeout  time.Duration
 	UpstreamRetries  int
 	PollAfter        time.Duration
+	// Outcomes classes the upstream's statuses (defaults plus `outcomes`).
+	Outcomes Outcomes
 	// Overrides are the per-message text overrides as configured.
 	Overrides map[envelope.Message]envelope.Text
 	Envelopes *envelope.Set

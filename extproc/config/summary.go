@@ -72,6 +72,9 @@ func (rt *Runtime) WriteSummary(w io.Writer) error {
 		if op.UpstreamTimeout > 0 {
 			fmt.Fprintf(&b, "; upstream %s × %d", op.UpstreamTimeout, 1+op.UpstreamRetries)
 		}
+		if o := op.Outcomes.Overrides(); len(o) > 0 {
+			fmt.Fprintf(&b, "; outcomes %s", strings.Join(o, ", "))
+		}
 		if len(op.Overrides) > 0 {
 			fmt.Fprintf(&b, "; %d message override(s)", len(op.Overrides))
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgate/idemgate/internal/testutil"
@@ -42,7 +43,7 @@ func runTogether(t *testing.T, calls []call) map[string]state.Answer {
 		go func() {
 			defer wg.Done()
 			a, err := c.run(ctx)
-			require.NoError(t, err, c.name)
+			assert.NoError(t, err, c.name)
 			mu.Lock()
 			out[c.name] = a
 			mu.Unlock()

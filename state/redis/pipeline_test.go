@@ -8,6 +8,7 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgate/idemgate/internal/testutil"
@@ -32,13 +33,13 @@ func TestConcurrentCallsSharePipelines(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			a, err := s.Acquire(ctx, statetest.AcquireRequest(contested, fmt.Sprintf("c-%d", i)))
-			require.NoError(t, err)
+			assert.NoError(t, err)
 			answers[i] = a
 		}()
 		go func() {
 			defer wg.Done()
 			a, err := s.Acquire(ctx, statetest.AcquireRequest(statetest.NewKey(t), "own"))
-			require.NoError(t, err)
+			assert.NoError(t, err)
 			answers[n+i] = a
 		}()
 	}
@@ -67,7 +68,7 @@ func TestPipelinedCallsSurviveScriptFlush(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				a, err := s.Acquire(ctx, statetest.AcquireRequest(statetest.NewKey(t), "o"))
-				statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
+				statetest.AssertOutcome(t, state.OutcomeAcquired, a, err)
 			}()
 		}
 		wg.Wait()
@@ -116,12 +117,12 @@ func TestPipelinesAcrossClusterShards(t *testing.T) {
 			defer wg.Done()
 			key := statetest.NewKey(t)
 			a, err := s.Acquire(ctx, statetest.AcquireRequest(key, "o"))
-			statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
+			statetest.AssertOutcome(t, state.OutcomeAcquired, a, err)
 			c, err := s.Complete(ctx, state.Claim{Key: key, Owner: "o", Fence: 1}, statetest.Done())
-			statetest.RequireOutcome(t, state.OutcomeOK, c, err)
+			statetest.AssertOutcome(t, state.OutcomeOK, c, err)
 			r, err := s.Acquire(ctx, statetest.AcquireRequest(key, "p"))
-			statetest.RequireOutcome(t, state.OutcomeDone, r, err)
-			statetest.RequireSameResult(t, statetest.SampleResult(), r.Record.Result)
+			statetest.AssertOutcome(t, state.OutcomeDone, r, err)
+			statetest.AssertSameResult(t, statetest.SampleResult(), r.Record.Result)
 		}()
 	}
 	wg.Wait()

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgate/idemgate/state"
@@ -82,12 +83,12 @@ func RunWith(t *testing.T, newStore func(t *testing.T) state.Store, opts Options
 
 type suite struct{ opts Options }
 
-// NewKey returns a random fingerprint nonce.
-func NewKey(t testing.TB) string {
-	t.Helper()
+// NewKey returns a random fingerprint nonce. It never fails the test, so
+// goroutines other than the test's may call it (crypto/rand.Read does not
+// return errors).
+func NewKey(testing.TB) string {
 	b := make([]byte, 16)
-	_, err := rand.Read(b)
-	require.NoError(t, err)
+	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
 
@@ -151,6 +152,23 @@ func RequireOutcome(t testing.TB, want state.Outcome, a state.Answer, err error)
 	t.Helper()
 	require.NoError(t, err)
 	require.Equal(t, want, a.Outcome, "record: %+v", a.Record)
+}
+
+// AssertOutcome is RequireOutcome for goroutines other than the test's,
+// where FailNow is not allowed: it marks the test failed and returns false.
+func AssertOutcome(t testing.TB, want state.Outcome, a state.Answer, err error) bool {
+	t.Helper()
+	return assert.NoError(t, err) && assert.Equal(t, want, a.Outcome, "record: %+v", a.Record)
+}
+
+// AssertSameResult is RequireSameResult for goroutines other than the test's.
+func AssertSameResult(t testing.TB, want state.Result, got *state.Result) bool {
+	t.Helper()
+	return assert.NotNil(t, got, "record has no result") &&
+		assert.Equal(t, want.Status, got.Status) &&
+		assert.Equal(t, want.Headers, got.Headers) &&
+		assert.True(t, bytes.Equal(want.Body, got.Body), "body differs:\nwant %q\ngot  %q", want.Body, got.Body) &&
+		assert.Equal(t, want.Ref, got.Ref, "result ref")
 }
 
 // RequireSameResult fails unless got holds exactly want (status, header

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -78,8 +79,8 @@ func TestCallsArrivingTogetherShareABatch(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			out, err := q.Do(t.Context(), i)
-			require.NoError(t, err)
-			require.Equal(t, 2*i, out, "each caller gets its own answer")
+			assert.NoError(t, err)
+			assert.Equal(t, 2*i, out, "each caller gets its own answer")
 		}()
 	}
 	// 25 calls, batches of at most 10: the last 5 wait for MaxWait unless
@@ -89,7 +90,7 @@ func TestCallsArrivingTogetherShareABatch(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			_, err := q.Do(t.Context(), i)
-			require.NoError(t, err)
+			assert.NoError(t, err)
 		}()
 	}
 	wg.Wait()
@@ -106,7 +107,7 @@ func TestInFlightBatchesAreBounded(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			_, err := q.Do(t.Context(), i)
-			require.NoError(t, err)
+			assert.NoError(t, err)
 		}()
 	}
 	require.Eventually(t, func() bool { return r.active.Load() == 2 }, 5*time.Second, time.Millisecond)

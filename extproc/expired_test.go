@@ -1,0 +1,101 @@
+package extproc
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/state"
+)
+
+// A confirm with an expired fingerprint reads the record (an agent that
+// comes back late must learn what its earlier confirm did). Every branch of
+// that read is held here: the record decides, a record held under other
+// params is a security event, and a store that cannot answer is never
+// "expired, nothing was executed".
+func TestExpiredFingerprintConsultsTheRecord(t *testing.T) {
+	const alice = "alice"
+	const ttlFingerprint = 15 * time.Minute
+	body := func(amount, fp string) []byte { return transferBody(amount, "EUR", "DE89", fp) }
+	confirm := func(b []byte) httpRequest { return post("/v1/transfers/confirm", alice, b) }
+
+	t.Run("a record held under other params: params_changed and a security event", func(t *testing.T) {
+		e := newEnv(t, nil, nil)
+		d := fakeDialer{srv: e.srv}
+		fp := preview(t, d, alice, `1`)
+		c := e.claimsOf(t, fp, alice, "payments.transfer")
+		res := do(t, d, confirm(body(`1`, fp)), newPayments().handle)
+		require.Equal(t, 201, res.status)
+
+		// A token whose MAC verifies, for the same nonce but other params:
+		// a leaked key or a bug. Expired, so only the record can refuse it.
+		doc, err := fingerprint.ParseJSON(body(`1000`, ""), 32)
+		require.NoError(t, err)
+		params, err := e.cfg.Operations[0].Selector.Select(doc, nil)
+		require.NoError(t, err)
+		forged, _, err := e.cfg.Keys.Sign(fingerprint.SignRequest{Subject: alice, Scope: "payments.transfer", Params: params, Nonce: c.Nonce, Expiry: e.clock.Now().Add(time.Minute)})
+		require.NoError(t, err)
+		e.clock.Advance(time.Minute + time.Second)
+
+		res = do(t, d, confirm(body(`1000`, forged)), neverCalled(t))
+		requireEnvelope(t, res, 422, "params_changed", false)
+		require.Contains(t, e.logs.String(), "event=security_alert reason=store_param_mismatch operation=transfer nonce="+c.Nonce)
+		require.Equal(t, float64(1), metricValue(t, e.metrics.securityEvents.WithLabelValues("store_param_mismatch")))
+	})
+
+	t.Run("drifted params on an expired fingerprint: params_changed and a security event", func(t *testing.T) {
+		e := newEnv(t, nil, nil)
+		d := fakeDialer{srv: e.srv}
+		fp := preview(t, d, alice, `2`)
+		e.clock.Advance(ttlFingerprint + time.Second)
+		res := do(t, d, confirm(body(`2000`, fp)), neverCalled(t))
+		b := requireEnvelope(t, res, 422, "params_changed", false)
+		require.Equal(t, []any{"amount"}, b["changed_fields"])
+		require.Contains(t, e.logs.String(), "event=security_alert reason=params_changed operation=transfer")
+		require.Zero(t, e.store.Calls("get"), "a drifted body is refused before the store")
+	})
+
+	t.Run("a store that cannot answer: temporarily_unavailable, not expired", func(t *testing.T) {
+		e := newEnv(t, nil, nil)
+		d := fakeDialer{srv: e.srv}
+		fp := preview(t, d, alice, `3`)
+		res := do(t, d, confirm(body(`3`, fp)), newPayments().handle)
+		require.Equal(t, 201, res.status)
+		e.clock.Advance(ttlFingerprint + time.Second)
+		e.store.fail.Store(true)
+		res = do(t, d, confirm(body(`3`, fp)), neverCalled(t))
+		requireEnvelope(t, res, 503, "temporarily_unavailable", true)
+		e.store.fail.Store(false)
+		res = do(t, d, confirm(body(`3`, fp)), neverCalled(t))
+		requireEnvelope(t, res, 201, "already_completed", false)
+	})
+
+	t.Run("in flight and unknown records are answered as such", func(t *testing.T) {
+		e := newEnv(t, nil, nil)
+		d := fakeDialer{srv: e.srv}
+		fp := preview(t, d, alice, `4`)
+		c := e.claimsOf(t, fp, alice, "payments.transfer")
+		held := e.holdRecord(t, c, "payments.transfer", time.Hour)
+		e.clock.Advance(ttlFingerprint + time.Second)
+		res := do(t, d, confirm(body(`4`, fp)), neverCalled(t))
+		requireEnvelope(t, res, 409, "in_progress", false)
+
+		a, err := e.store.Store.MarkUnknown(t.Context(), state.Claim{Key: c.Nonce, Owner: held.Record.Owner, Fence: held.Record.Fence})
+		require.NoError(t, err)
+		require.Equal(t, state.OutcomeOK, a.Outcome)
+		res = do(t, d, confirm(body(`4`, fp)), neverCalled(t))
+		requireEnvelope(t, res, 409, "needs_reconciliation", false)
+	})
+
+	t.Run("nothing ever acquired: fingerprint_expired", func(t *testing.T) {
+		e := newEnv(t, nil, nil)
+		d := fakeDialer{srv: e.srv}
+		fp := preview(t, d, alice, `5`)
+		e.clock.Advance(ttlFingerprint + time.Second)
+		res := do(t, d, confirm(body(`5`, fp)), neverCalled(t))
+		requireEnvelope(t, res, 410, "fingerprint_expired", false)
+		require.Equal(t, 1, e.store.Calls("get"), "the record was read before answering expired")
+	})
+}
