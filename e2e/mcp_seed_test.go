@@ -1,0 +1,173 @@
+package e2e
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgate/idemgate/e2e/internal/stack"
+	"github.com/idemgate/idemgate/e2e/payments"
+)
+
+// The seed's section 十 over MCP, with the official Go SDK client, with the
+// upstream answering JSON and SSE.
+
+func forEachMCPMode(t *testing.T, run func(t *testing.T, sse bool)) {
+	for _, sse := range []bool{false, true} {
+		t.Run(map[bool]string{false: "json", true: "sse"}[sse], func(t *testing.T) { run(t, sse) })
+	}
+}
+
+// mcpPreviewed previews a transfer and returns the confirm arguments with
+// the fingerprint, and the nonce.
+func mcpPreviewed(t *testing.T, cs *mcp.ClientSession, amount string) (map[string]any, string) {
+	t.Helper()
+	args := transferArgs(amount)
+	pv, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: payments.MCPPreviewTool, Arguments: args})
+	require.NoError(t, err)
+	require.False(t, pv.IsError)
+	fp := structured(t, pv)["fingerprint"].(string)
+	args["fingerprint"] = fp
+	return args, nonceOf(t, fp)
+}
+
+// nonceOf reads the nonce out of a fingerprint's payload (the test may: the
+// token carries no secret, only its MAC needs the key).
+func nonceOf(t *testing.T, fp string) string {
+	t.Helper()
+	payload, _, ok := strings.Cut(fp, ".")
+	require.True(t, ok, fp)
+	raw, err := base64.RawURLEncoding.DecodeString(payload)
+	require.NoError(t, err)
+	var claims struct {
+		N string `json:"n"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &claims))
+	require.Len(t, claims.N, 32)
+	return claims.N
+}
+
+// TestMCPConcurrentConfirmsExecuteOnce (并发): 100 tools/call of one
+// fingerprint at once, each its own POST with its own id: one execution;
+// every other answer is the replay or in_progress, never a second transfer.
+func TestMCPConcurrentConfirmsExecuteOnce(t *testing.T) {
+	forEachMCPMode(t, func(t *testing.T, sse bool) {
+		s := startStack(t, stack.Options{})
+		s.Payments.SetMCPStreaming(sse)
+		cs := mcpSession(t, s, "alice", "")
+		args, nonce := mcpPreviewed(t, cs, "10.00")
+
+		const n = 100
+		results := make([]*mcp.CallToolResult, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				results[i], errs[i] = cs.CallTool(t.Context(), &mcp.CallToolParams{Name: payments.MCPConfirmTool, Arguments: args})
+			})
+		}
+		wg.Wait()
+		executed, replayed, waiting := 0, 0, 0
+		for i := range n {
+			require.NoError(t, errs[i])
+			r := results[i]
+			switch sc := structured(t, r); {
+			case !r.IsError && sc["transfer_id"] != nil:
+				executed++
+			case !r.IsError && sc["status"] == "already_completed":
+				replayed++
+			case r.IsError && sc["status"] == "in_progress":
+				waiting++
+			default:
+				t.Fatalf("unexpected answer %d: %+v", i, sc)
+			}
+		}
+		require.Equal(t, 1, executed)
+		require.Equal(t, n, executed+replayed+waiting)
+		require.Equal(t, 1, s.Payments.Executions())
+		require.Equal(t, 1, s.Payments.ExecutionsForKey(nonce))
+		requireRow(t, s, nonce, "DONE")
+	})
+}
+
+// TestMCPReplayAfterRedisFlushall (缓存清空): after FLUSHALL the retry is
+// answered from PostgreSQL, nothing executes again.
+func TestMCPReplayAfterRedisFlushall(t *testing.T) {
+	forEachMCPMode(t, func(t *testing.T, sse bool) {
+		s := startStack(t, stack.Options{})
+		s.Payments.SetMCPStreaming(sse)
+		cs := mcpSession(t, s, "alice", "")
+		args, nonce := mcpPreviewed(t, cs, "75.10")
+		first, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: payments.MCPConfirmTool, Arguments: args})
+		require.NoError(t, err)
+		require.False(t, first.IsError)
+
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		require.NoError(t, s.RedisClient().FlushAll(ctx).Err())
+
+		again, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: payments.MCPConfirmTool, Arguments: args})
+		require.NoError(t, err)
+		env := structured(t, again)
+		require.Equal(t, "already_completed", env["status"])
+		require.Equal(t, structured(t, first), env["result"])
+		require.Equal(t, 1, s.Payments.Executions())
+		requireRow(t, s, nonce, "DONE")
+	})
+}
+
+// TestMCPCrashBetweenExecutionAndRecord (崩溃注入): idemgate is killed -9
+// after the upstream executed and before its answer reached idemgate. The
+// retry is told to wait while the dead owner's lease runs, then takes over
+// and re-sends the same Idempotency-Key; payments answers from its key store
+// with the transfer it already made. One execution.
+func TestMCPCrashBetweenExecutionAndRecord(t *testing.T) {
+	forEachMCPMode(t, func(t *testing.T, sse bool) {
+		s := startStack(t, stack.Options{InFlightTTL: crashLease})
+		s.Payments.SetMCPStreaming(sse)
+		cs := mcpSession(t, s, "alice", "")
+		args, nonce := mcpPreviewed(t, cs, "999.99")
+
+		s.Payments.SetFaults(payments.Faults{DelayAfterExecute: crashAnswerDelay, Times: 1})
+		done := make(chan error, 1)
+		go func() {
+			r, err := cs.CallTool(context.WithoutCancel(t.Context()), &mcp.CallToolParams{Name: payments.MCPConfirmTool, Arguments: args})
+			if err == nil && !r.IsError {
+				t.Errorf("the confirm whose gateway died got a success: %+v", r)
+			}
+			done <- err
+		}()
+		require.Eventually(t, func() bool { return s.Payments.Executions() == 1 }, 30*time.Second, 5*time.Millisecond)
+		s.Idemgate.Kill()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the confirm got no answer after idemgate died")
+		}
+		requireRow(t, s, nonce, "IN_FLIGHT")
+		require.NoError(t, s.Idemgate.Start())
+
+		// A fresh session: the old one's HTTP connection saw the failure.
+		cs = mcpSession(t, s, "alice", "")
+		var r *mcp.CallToolResult
+		require.Eventually(t, func() bool {
+			var err error
+			r, err = cs.CallTool(t.Context(), &mcp.CallToolParams{Name: payments.MCPConfirmTool, Arguments: args})
+			return err == nil && !(r.IsError && structured(t, r)["status"] == "in_progress")
+		}, 4*crashLease, 200*time.Millisecond, "the retry never got past in_progress")
+		require.False(t, r.IsError, "%+v", structured(t, r))
+		rec, ok := s.Payments.RecordForKey(nonce)
+		require.True(t, ok)
+		require.Equal(t, rec.TransferID, structured(t, r)["transfer_id"], "the takeover got the first transfer back")
+		require.Equal(t, 1, s.Payments.Executions())
+		require.GreaterOrEqual(t, s.Payments.Stats().Replays, 1, "answered from the key store")
+		requireRow(t, s, nonce, "DONE")
+	})
+}
