@@ -171,3 +171,39 @@ func TestMCPCrashBetweenExecutionAndRecord(t *testing.T) {
 		requireRow(t, s, nonce, "DONE")
 	})
 }
+
+// TestMCPStreamClosedBeforeTheResult: the upstream executes and its answer
+// ends without the JSON-RPC result (an SSE stream closed mid-call; under
+// 2026-07-28 a closed stream cancels the request, so the server may have
+// half-acted). idemgate settles that as ambiguous at once — the status tool
+// says the attempt was interrupted, without waiting for the lease — and the
+// retry re-sends the same key: payments answers with the transfer it made.
+func TestMCPStreamClosedBeforeTheResult(t *testing.T) {
+	forEachMCPMode(t, func(t *testing.T, sse bool) {
+		s := startStack(t, stack.Options{})
+		s.Payments.SetMCPStreaming(sse)
+		cs := mcpSession(t, s, "alice", "")
+		args, nonce := mcpPreviewed(t, cs, "12.34")
+
+		s.Payments.SetFaults(payments.Faults{ResetAfterExecute: true, Times: 1})
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: payments.MCPConfirmTool, Arguments: args})
+		cancel()
+		require.True(t, err != nil || r.IsError, "the cut call must not look like a success: %+v", r)
+		require.Equal(t, 1, s.Payments.Executions())
+
+		cs = mcpSession(t, s, "alice", "")
+		st, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "transfer_status", Arguments: map[string]any{"fingerprint": args["fingerprint"]}})
+		require.NoError(t, err)
+		require.Equal(t, "not_started", structured(t, st)["status"], "released at once, not left in progress for the lease (2m)")
+
+		again, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: payments.MCPConfirmTool, Arguments: args})
+		require.NoError(t, err)
+		require.False(t, again.IsError, "%+v", structured(t, again))
+		rec, ok := s.Payments.RecordForKey(nonce)
+		require.True(t, ok)
+		require.Equal(t, rec.TransferID, structured(t, again)["transfer_id"])
+		require.Equal(t, 1, s.Payments.Executions())
+		requireRow(t, s, nonce, "DONE")
+	})
+}

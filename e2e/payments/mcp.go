@@ -27,7 +27,9 @@ import (
 // before forwarding it. Answers are JSON by default; SetMCPStreaming(true)
 // (or POST /_admin/mcp {"sse": true}) switches to an SSE stream per request,
 // with a progress notification before the result when the client asked for
-// progress.
+// progress. Faults apply to executing confirms as on the HTTP route;
+// FailStatus becomes JSON-RPC error -32603 and ResetAfterExecute a response
+// that ends without the result.
 
 // MCPPath is where the MCP endpoint is mounted.
 const MCPPath = "/mcp"
@@ -92,12 +94,44 @@ func (s *Server) newMCP() *mcpFace {
 }
 
 func (f *mcpFace) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	cw := &cuttableWriter{ResponseWriter: w}
+	r = r.WithContext(context.WithValue(r.Context(), cutKey{}, &cw.cut))
 	if f.streaming.Load() {
-		f.sse.ServeHTTP(w, r)
+		f.sse.ServeHTTP(cw, r)
 		return
 	}
-	f.json.ServeHTTP(w, r)
+	f.json.ServeHTTP(cw, r)
 }
+
+// cutKey carries a request's cut switch to the tool handler (the SDK passes
+// the HTTP request's context values on to it).
+type cutKey struct{}
+
+// cuttableWriter loses everything written after its cut switch is on: the
+// response then ends without the JSON-RPC result, as when a server closes
+// its SSE stream in the middle of a call (the ResetAfterExecute fault of
+// /mcp: the money has moved, the client never learns it).
+type cuttableWriter struct {
+	http.ResponseWriter
+	cut atomic.Bool
+}
+
+func (c *cuttableWriter) Write(b []byte) (int, error) {
+	if c.cut.Load() {
+		return 0, http.ErrHandlerTimeout
+	}
+	return c.ResponseWriter.Write(b)
+}
+
+// Flush passes through, so SSE events before the cut reach the client.
+func (c *cuttableWriter) Flush() {
+	if f, ok := c.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the real writer.
+func (c *cuttableWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
 // SetMCPStreaming makes /mcp answer requests with an SSE stream (true) or
 // one JSON object (false, the default).
@@ -223,6 +257,13 @@ func (s *Server) mcpConfirm(ctx context.Context, req *mcp.CallToolRequest) (*mcp
 	rec := s.execute(t, key, entry)
 	if f.DelayAfterExecute > 0 {
 		sleepCtx(context.WithoutCancel(ctx), f.DelayAfterExecute)
+	}
+	if cut, ok := ctx.Value(cutKey{}).(*atomic.Bool); ok && f.ResetAfterExecute {
+		s.mu.Lock()
+		s.stats.InjectedResets++
+		s.mu.Unlock()
+		s.logger.Info("payments: MCP answer cut after execution", "transfer_id", rec.TransferID)
+		cut.Store(true)
 	}
 	return toolResult(rec.Body), nil
 }

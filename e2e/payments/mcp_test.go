@@ -3,8 +3,10 @@ package payments
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -89,4 +91,25 @@ func TestMCPTools(t *testing.T) {
 			require.Equal(t, 1, s.Executions())
 		})
 	}
+}
+
+func TestMCPCutAfterExecute(t *testing.T) {
+	s := New(Options{})
+	s.SetMCPStreaming(true)
+	hs := httptest.NewServer(s)
+	t.Cleanup(hs.Close)
+	s.SetFaults(Faults{ResetAfterExecute: true, Times: 1})
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"transfer_confirm","arguments":{"amount":"1.00","currency":"EUR","payee":{"account_id":"a"}},"_meta":{"progressToken":"p"}}}`
+	req, _ := http.NewRequestWithContext(t.Context(), "POST", hs.URL+MCPPath, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	req.Header.Set(IdempotencyKeyHeader, "k")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, 1, s.Executions())
+	require.Contains(t, string(got), "notifications/progress", "events before the cut arrive")
+	require.NotContains(t, string(got), `"result"`, "the result never does")
 }
