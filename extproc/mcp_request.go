@@ -169,9 +169,9 @@ func (ex *exchange) mcpRequestBody(body []byte) (*extprocv3.ProcessingResponse, 
 	pm, _ := objectMembers(params)
 	name, hasName := jsonString(member(pm, "name"))
 	if ambiguousKey(members, "id", "method", "params") || ambiguousKey(pm, "name", "arguments", "_meta") {
-		// Two readers could disagree on which member counts (encoding/json
-		// matches names case-insensitively).
-		return ex.mcpProtocolError(400, rpcInvalidRequest, "Invalid Request: a member name appears in two spellings that differ only in case"), true
+		// Two readers could disagree on which member counts: idemgate would
+		// route by one, the upstream execute the other.
+		return ex.mcpProtocolError(400, rpcInvalidRequest, "Invalid Request: a member appears twice, or in two spellings that differ only in case"), true
 	}
 
 	if m.hasHeaderMethod && method != m.headerMethod {
@@ -181,6 +181,11 @@ func (ex *exchange) mcpRequestBody(body []byte) (*extprocv3.ProcessingResponse, 
 		return ex.mcpProtocolError(400, rpcHeaderMismatch, "Header mismatch: Mcp-Name header value '"+m.headerName+"' does not match body value '"+name+"'"), true
 	}
 
+	if _, guarded := m.ep.Tools[name]; method == "tools/call" && guarded && m.id == nil {
+		// A notification gets no answer, so no decision could reach the
+		// agent; and an upstream that ran it would run it unguarded.
+		return ex.mcpProtocolError(400, rpcInvalidRequest, "Invalid Request: "+name+" must be called as a request with an id"), true
+	}
 	switch {
 	case method == "tools/list" && m.id != nil:
 		m.kind = mcpList
@@ -202,12 +207,19 @@ func (ex *exchange) mcpRequestBody(body []byte) (*extprocv3.ProcessingResponse, 
 	return requestBodyReply(nil), false
 }
 
-// ambiguousKey reports whether members hold a key that equals one of keys
-// only under case folding.
+// ambiguousKey reports whether members hold one of keys twice, or a key
+// equal to one of them only under case folding (Go's encoding/json matches
+// member names that way, last one winning).
 func ambiguousKey(members []rawMember, keys ...string) bool {
+	seen := make(map[string]bool, len(keys))
 	for _, mb := range members {
 		for _, k := range keys {
-			if mb.key != k && strings.EqualFold(mb.key, k) {
+			switch {
+			case mb.key == k && seen[k]:
+				return true
+			case mb.key == k:
+				seen[k] = true
+			case strings.EqualFold(mb.key, k):
 				return true
 			}
 		}
@@ -224,8 +236,13 @@ func (ex *exchange) mcpBatch(body []byte) (*extprocv3.ProcessingResponse, bool) 
 		return ex.mcpProtocolError(400, rpcParseError, "Parse error: the body is not valid JSON"), true
 	}
 	for _, e := range elems {
-		method, _ := jsonString(memberOf(e, "method"))
-		name, _ := jsonString(memberOf(memberOf(e, "params"), "name"))
+		em, _ := objectMembers(e)
+		pm, _ := objectMembers(member(em, "params"))
+		if ambiguousKey(em, "method", "params") || ambiguousKey(pm, "name") {
+			return ex.mcpProtocolError(400, rpcInvalidRequest, "Invalid Request: a batch element has a member twice, or in two spellings that differ only in case"), true
+		}
+		method, _ := jsonString(member(em, "method"))
+		name, _ := jsonString(member(pm, "name"))
 		if _, guarded := ex.mcp.ep.Tools[name]; method == "tools/call" && guarded {
 			return ex.mcpProtocolError(400, rpcInvalidRequest, "Invalid Request: "+name+" cannot be called in a JSON-RPC batch; send it as a request of its own"), true
 		}

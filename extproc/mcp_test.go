@@ -500,6 +500,22 @@ func TestMCPTrafficSelection(t *testing.T) {
 		res = do(t, d, mcpPost(alice, []byte(`[`+string(rpc(`1`, "ping", `{}`))+`]`)), up.handle)
 		require.True(t, res.upstreamCalled)
 	})
+	t.Run("members two readers could read differently are refused", func(t *testing.T) {
+		for _, body := range []string{
+			`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"weather","arguments":{}},"params":{"name":"transfer_confirm","arguments":{}}}`,
+			`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"weather","Name":"transfer_confirm","arguments":{}}}`,
+			`{"jsonrpc":"2.0","id":1,"method":"tools/call","Method":"tools/list","params":{"name":"weather"}}`,
+			`[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"weather","name":"transfer_confirm"}}]`,
+		} {
+			res := do(t, d, mcpPost(alice, []byte(body)), neverCalled(t))
+			protocolError(t, res, 400, -32600)
+		}
+	})
+	t.Run("a guarded tool called as a notification is refused", func(t *testing.T) {
+		res := do(t, d, mcpPost(alice, []byte(`{"jsonrpc":"2.0","method":"tools/call","params":{"name":"transfer_confirm","arguments":{}}}`)), neverCalled(t))
+		m := protocolError(t, res, 400, -32600)
+		require.Nil(t, m["id"])
+	})
 	t.Run("unparseable JSON-RPC is a JSON-RPC error", func(t *testing.T) {
 		res := do(t, d, mcpPost(alice, []byte(`{"jsonrpc":`)), neverCalled(t))
 		protocolError(t, res, 400, -32700)
