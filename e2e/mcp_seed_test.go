@@ -207,3 +207,59 @@ func TestMCPStreamClosedBeforeTheResult(t *testing.T) {
 		requireRow(t, s, nonce, "DONE")
 	})
 }
+
+// TestMCPStaleOwnersLateAnswerDoesNotOverwrite (乱序): the first confirm
+// executes but answers late; its lease ends, the retry takes over (same
+// key) and is answered from payments' key store: DONE. The first call's
+// late answer is then refused as NOT_OWNER and overwrites nothing; its
+// client still gets what the upstream answered it.
+func TestMCPStaleOwnersLateAnswerDoesNotOverwrite(t *testing.T) {
+	forEachMCPMode(t, func(t *testing.T, sse bool) {
+		const lease = 2 * time.Second
+		s := startStack(t, stack.Options{InFlightTTL: lease})
+		s.Payments.SetMCPStreaming(sse)
+		cs := mcpSession(t, s, "alice", "")
+		args, nonce := mcpPreviewed(t, cs, "30.00")
+
+		s.Payments.SetFaults(payments.Faults{DelayAfterExecute: 4 * lease, Times: 1})
+		type answer struct {
+			r   *mcp.CallToolResult
+			err error
+		}
+		done := make(chan answer, 1)
+		go func() {
+			r, err := cs.CallTool(context.WithoutCancel(t.Context()), &mcp.CallToolParams{Name: payments.MCPConfirmTool, Arguments: args})
+			done <- answer{r, err}
+		}()
+		require.Eventually(t, func() bool { return s.Payments.Executions() == 1 }, 30*time.Second, 5*time.Millisecond)
+		stale := requireRow(t, s, nonce, "IN_FLIGHT")
+
+		// After the lease, the retry takes over and gets the transfer back.
+		var second *mcp.CallToolResult
+		require.Eventually(t, func() bool {
+			r, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: payments.MCPConfirmTool, Arguments: args})
+			second = r
+			return err == nil && !r.IsError
+		}, 5*lease, 100*time.Millisecond, "the retry never took over")
+		transferID := structured(t, second)["transfer_id"]
+		require.NotEmpty(t, transferID)
+		fresh := requireRow(t, s, nonce, "DONE")
+		require.Greater(t, fresh.Fence, stale.Fence)
+
+		var first answer
+		select {
+		case first = <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the first confirm got no answer")
+		}
+		require.NoError(t, first.err)
+		require.Equal(t, transferID, structured(t, first.r)["transfer_id"], "the stale owner's client gets its upstream answer")
+		require.Eventually(t, func() bool {
+			return metric(t, s, `idemgate_not_owner_total{operation="transfer_mcp"}`) == 1
+		}, 10*time.Second, 20*time.Millisecond, "the refused completion is counted")
+		kept := requireRow(t, s, nonce, "DONE")
+		require.Equal(t, fresh.Fence, kept.Fence)
+		require.Equal(t, fresh.Owner, kept.Owner)
+		require.Equal(t, 1, s.Payments.Executions())
+	})
+}
