@@ -20,6 +20,22 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
       -ldflags "-s -w -X github.com/idemgate/idemgate/cmd/idemgate/mainlib.Version=${VERSION}" \
       -o /out/idemgate ./cmd/idemgate
 
+# The demo payments API (cmd/idemgate-demo --upstream-only) for docker-compose's
+# payments service: `docker build --target demo`. A stage of its own, so the idemgate
+# image (the default, last stage) carries no demo code; BuildKit skips it otherwise.
+FROM build AS build-demo
+ARG TARGETOS
+ARG TARGETARCH
+RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
+    go build -trimpath -ldflags "-s -w" -o /out/idemgate-demo ./cmd/idemgate-demo
+
+FROM gcr.io/distroless/static-debian12:nonroot AS demo
+COPY --from=build-demo /out/idemgate-demo /usr/local/bin/idemgate-demo
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/idemgate-demo"]
+CMD ["--upstream-only"]
+
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/idemgate /usr/local/bin/idemgate
 USER 65532:65532

@@ -26,9 +26,15 @@ build: ## Build bin/idemgate (static, CGO off).
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/idemgate ./cmd/idemgate
 
 .PHONY: demo
-demo: build ## Run the one-process demo (memory store, payments upstream, Envoy-faithful front on 127.0.0.1:8080).
-	@# Built first rather than `go run`, which exits 1 after Ctrl-C even when the demo stopped cleanly.
-	$(BIN_DIR)/idemgate demo
+demo: ## Run the demo: the pinned Envoy on 127.0.0.1:8080 in front of idemgate serve (memory store) and the demo payments API; prints curl commands.
+	@# Envoy is installed (once, with a progress line) while the two binaries build.
+	@# Built rather than `go run`, which exits 1 after Ctrl-C even when the demo
+	@# stopped cleanly. idemgate-demo runs bin/idemgate and Envoy as its children.
+	@envoy_out=$$(mktemp) && { .ci/envoy.sh >"$$envoy_out" & envoy_pid=$$!; } && \
+	  CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/ ./cmd/idemgate ./cmd/idemgate-demo; built=$$?; \
+	  wait $$envoy_pid; installed=$$?; envoy=$$(cat "$$envoy_out"); rm -f "$$envoy_out"; \
+	  [ $$built -eq 0 ] && [ $$installed -eq 0 ] || exit 1; \
+	  exec $(BIN_DIR)/idemgate-demo --envoy "$$envoy" --idemgate $(BIN_DIR)/idemgate
 
 .PHONY: envoy
 envoy: ## Install Envoy $(ENVOY_VERSION) (.envoy-version) into .envoy/ unless ENVOY_BIN or a pinned envoy on PATH is found.
@@ -55,9 +61,10 @@ bench: services build ## Micro-benchmarks, then the ext_proc load benchmark that
 	@if [ -d e2e/loadgen ]; then $(GO) run ./e2e/loadgen -out BENCHMARKS.md; else echo "load benchmark: not built yet"; fi
 
 .PHONY: fuzz
-fuzz: ## Run each fuzz target for FUZZTIME (default 60s).
+fuzz: ## Run each fuzz target for FUZZTIME (default 60s); the binding rule's for BINDING_FUZZTIME (default 5m).
 	$(GO) test ./fingerprint -run '^$$' -fuzz '^FuzzVerify$$' -fuzztime $${FUZZTIME:-60s}
 	$(GO) test ./fingerprint -run '^$$' -fuzz '^FuzzCanonicalize$$' -fuzztime $${FUZZTIME:-60s}
+	$(GO) test ./fingerprint -run '^$$' -fuzz '^FuzzBinding$$' -fuzztime $${BINDING_FUZZTIME:-5m}
 
 .PHONY: lint
 lint: ## go vet and a gofmt check.

@@ -163,9 +163,10 @@ func TestPostgresUnreachable(t *testing.T) {
 }
 
 // TestUpstreamTimeout: the confirm route's timeout (1s here) ends the call
-// while payments is still answering. The front answers 504 itself and no
-// response phase reaches idemgate (Envoy's local replies skip ext_proc);
-// idemgate settles the claim at once (Release: the downstream honours keys),
+// while payments is still answering. Envoy answers 504 itself (and shows
+// that 504 to idemgate's response phase, which treats it as an ambiguous
+// 5xx: see TestEnvoyLocalRepliesSettleTheClaim); idemgate settles the
+// claim at once (Release: the downstream honours keys),
 // so the retry need not wait for the 2 minute lease: it re-sends the same
 // Idempotency-Key and gets the transfer that was made, executed once.
 func TestUpstreamTimeout(t *testing.T) {

@@ -79,7 +79,6 @@ func TestMCPGoSDK(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			s := startStack(t, stack.Options{})
 			s.Payments.SetMCPStreaming(c.sse)
-			t.Logf("front: %s", s.Mode())
 			cs := mcpSession(t, s, "alice", c.version)
 			ctx := t.Context()
 

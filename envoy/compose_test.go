@@ -35,6 +35,7 @@ type composeService struct {
 	Build *struct {
 		Context    string `json:"context"`
 		Dockerfile string `json:"dockerfile"`
+		Target     string `json:"target"`
 	} `json:"build"`
 	Command     []string                  `json:"command"`
 	Environment map[string]string         `json:"environment"`
@@ -79,7 +80,9 @@ func TestComposeEnvoy(t *testing.T) {
 	envoy, ok := c.Services["envoy"]
 	require.True(t, ok)
 
-	require.Regexp(t, `^envoyproxy/envoy:v1\.3\d\.\d+$`, envoy.Image, "pin a v1.3x.y release")
+	pin, err := envoytest.PinnedVersion()
+	require.NoError(t, err)
+	require.Equal(t, "envoyproxy/envoy:v"+pin, envoy.Image, "the release .envoy-version pins, which the tests validate with")
 	cfg := flagValue(envoy.Command, "-c")
 	src, ok := mountSource(envoy, cfg)
 	require.True(t, ok, "the -c path %s is not mounted", cfg)
@@ -184,7 +187,12 @@ func TestComposePayments(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1", host)
 	require.Equal(t, "service:envoy", svc.NetworkMode, "envoy.yaml reaches payments on loopback")
-	require.Equal(t, c.Services["idemgate"].Image, svc.Image, "the demo upstream ships in the idemgate binary")
+	// The demo upstream is the demo command, built from the Dockerfile's demo
+	// stage: not the idemgate image, which carries no demo code.
+	require.NotNil(t, svc.Build)
+	require.Equal(t, "demo", svc.Build.Target)
+	require.NotEqual(t, c.Services["idemgate"].Image, svc.Image)
+	require.Empty(t, c.Services["idemgate"].Build.Target, "idemgate is the Dockerfile's default (last) stage")
 	require.NotEmpty(t, svc.Command)
 }
 
@@ -219,9 +227,12 @@ func TestDockerfile(t *testing.T) {
 			froms = append(froms, in)
 		}
 	}
-	require.Len(t, froms, 2, "multi-stage: build, then run")
+	require.Len(t, froms, 4, "multi-stage: build, the demo's build and image, then idemgate's image")
 	require.Regexp(t, `^FROM (--platform=\S+ )?golang:1\.26\S* AS build$`, froms[0])
-	require.Equal(t, "FROM gcr.io/distroless/static-debian12:nonroot", froms[1])
+	require.Equal(t, "FROM build AS build-demo", froms[1])
+	require.Equal(t, "FROM gcr.io/distroless/static-debian12:nonroot AS demo", froms[2])
+	// The last stage is what `docker build` without --target produces.
+	require.Equal(t, "FROM gcr.io/distroless/static-debian12:nonroot", froms[3])
 
 	build := slices.IndexFunc(ins, func(s string) bool { return strings.Contains(s, "go build") })
 	require.GreaterOrEqual(t, build, 0)
@@ -229,11 +240,20 @@ func TestDockerfile(t *testing.T) {
 	require.Regexp(t, `\./cmd/idemgate$`, ins[build])
 	require.DirExists(t, "../cmd/idemgate")
 
-	last := ins[slices.Index(ins, froms[1]):]
+	last := ins[slices.Index(ins, froms[3]):]
+	require.NotContains(t, strings.Join(last, "\n"), "demo", "the idemgate image carries no demo code")
 	require.Contains(t, last, "USER 65532:65532")
 	require.Contains(t, last, `ENTRYPOINT ["/usr/local/bin/idemgate"]`)
 	require.Contains(t, last, `COPY --from=build /out/idemgate /usr/local/bin/idemgate`)
 	require.Contains(t, last, `CMD ["serve", "--config", "/etc/idemgate/idemgate.yaml"]`)
+
+	demoBuild := slices.IndexFunc(ins, func(s string) bool { return strings.Contains(s, "go build") && strings.Contains(s, "idemgate-demo") })
+	require.Greater(t, demoBuild, slices.Index(ins, froms[1]))
+	require.Less(t, demoBuild, slices.Index(ins, froms[2]))
+	require.Regexp(t, `\./cmd/idemgate-demo$`, ins[demoBuild])
+	demo := ins[slices.Index(ins, froms[2]):slices.Index(ins, froms[3])]
+	require.Contains(t, demo, "USER 65532:65532")
+	require.Contains(t, demo, `ENTRYPOINT ["/usr/local/bin/idemgate-demo"]`)
 
 	// The default config path is where docker-compose mounts envoy/idemgate.yaml.
 	svc := loadCompose(t).Services["idemgate"]

@@ -50,7 +50,7 @@ func (ex *exchange) confirmRequest(body []byte, headersOnly bool) (*extprocv3.Pr
 		return ex.verifyFailed(err, claims, false), true
 	}
 	if selectErr != nil {
-		return ex.envelope(envelope.InvalidParams, 0, envelope.Extra{Detail: selectErr.Error()}), true
+		return ex.invalidParams(selectErr, claims), true
 	}
 	return ex.acquire(claims, headersOnly)
 }
@@ -122,15 +122,18 @@ func (ex *exchange) verifyFailed(err error, claims fingerprint.Claims, statusRou
 // securityEvent reports reason with the presenting subject's keyed tag (never
 // the subject itself) and the nonce when the MAC verified.
 func (ex *exchange) securityEvent(reason string, claims fingerprint.Claims, changed []string) {
+	ex.report(security.Event{Reason: reason, ChangedFields: changed}, claims)
+}
+
+// report fills in e's operation, nonce, subject tag and trace id and reports it.
+func (ex *exchange) report(e security.Event, claims fingerprint.Claims) {
 	keys := ex.srv.cfg.Keys
 	tag, err := keys.SubjectTag(claims.KeyID, ex.subject)
 	if err != nil {
 		tag, _ = keys.SubjectTag(keys.ActiveKeyID(), ex.subject)
 	}
-	ex.srv.security.Report(ex.ctx, security.Event{
-		Reason: reason, Operation: ex.op.Name, Nonce: claims.Nonce, SubjectTag: tag,
-		TraceID: ex.traceID, ChangedFields: changed,
-	})
+	e.Operation, e.Nonce, e.SubjectTag, e.TraceID = ex.op.Name, claims.Nonce, tag, ex.traceID
+	ex.srv.security.Report(ex.ctx, e)
 }
 
 // acquire claims the record for the fingerprint's nonce.

@@ -38,6 +38,10 @@ type exchange struct {
 
 	subject           string
 	headerFingerprint string
+	// contentType and contentEncoding of the request, checked before its
+	// body is read (bodyEncodingRefused).
+	contentType     string
+	contentEncoding string
 	// requestDone is set once the request phase has been decided (so a body
 	// message after a headers-only decision is not processed twice).
 	requestDone bool
@@ -119,6 +123,8 @@ func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	}
 	ex.subject = ex.resolveSubject(hm, req.GetMetadataContext())
 	ex.headerFingerprint, _ = headerValue(hm, hdrFingerprint)
+	ex.contentType, _ = headerValue(hm, hdrContentType)
+	ex.contentEncoding, _ = headerValue(hm, hdrContentEncoding)
 
 	// A declared length over the limit is refused before Envoy buffers it.
 	if cl, ok := headerValue(hm, hdrContentLength); ok {
@@ -224,9 +230,17 @@ func (ex *exchange) parseRequestBody(body []byte) (parsedBody, *extprocv3.Proces
 	if len(bytes.TrimSpace(body)) == 0 {
 		return parsedBody{}, nil
 	}
+	if why := ex.bodyEncodingRefused(); why != "" {
+		return parsedBody{}, ex.envelope(envelope.InvalidJSON, 0, envelope.Extra{Detail: why})
+	}
 	doc, err := fingerprint.ParseJSON(body, ex.srv.cfg.Limits.MaxJSONDepth)
 	if err != nil {
 		return parsedBody{}, ex.envelope(envelope.InvalidJSON, 0, envelope.Extra{Detail: err.Error()})
+	}
+	if _, isObject := doc.(map[string]any); !isObject {
+		// Params are read from an object; any other top-level value would
+		// bind nothing while the upstream reads whatever it makes of it.
+		return parsedBody{}, ex.envelope(envelope.InvalidJSON, 0, envelope.Extra{Detail: "the body must be a JSON object"})
 	}
 	return parsedBody{doc: doc, present: true}, nil
 }
@@ -273,6 +287,11 @@ func (ex *exchange) fingerprintRequest(body []byte, missing envelope.Message) (p
 	}
 	if ex.subject == "" {
 		return pb, "", ex.envelope(envelope.SubjectRequired, 0, envelope.Extra{})
+	}
+	// The fingerprint field is read by idemgate alone, but a FINGERPRINT
+	// twin would still be one body read two ways.
+	if err := fingerprint.CheckKey(pb.doc, ex.op.FingerprintField); err != nil {
+		return pb, "", ex.invalidParams(err, fingerprint.Claims{})
 	}
 	token, found := ex.fingerprintFrom(pb)
 	if !found {

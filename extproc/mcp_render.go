@@ -9,7 +9,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/idemgate/idemgate/extproc/envelope"
-	"github.com/idemgate/idemgate/extproc/security"
 )
 
 // mcpReplayedKey marks a replayed tool result in its _meta.
@@ -134,14 +133,4 @@ func (ex *exchange) mcpProtocolError(httpStatus, code int, message string) *extp
 	b = append(b, `}}`...)
 	ex.decision("mcp_error_" + strconv.Itoa(-code))
 	return immediate(httpStatus, []*corev3.HeaderValueOption{contentTypeJSON}, b, "idemgate_mcp_error")
-}
-
-// reasonAmbiguousKey is the security reason of DESIGN section 2 for a body
-// that can be read two ways (a duplicate key).
-const reasonAmbiguousKey = "ambiguous_key"
-
-func securityEventAmbiguous(ex *exchange) security.Event {
-	keys := ex.srv.cfg.Keys
-	tag, _ := keys.SubjectTag(keys.ActiveKeyID(), ex.subject)
-	return security.Event{Reason: reasonAmbiguousKey, Operation: ex.op.Name, SubjectTag: tag, TraceID: ex.traceID}
 }

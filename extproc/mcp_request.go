@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/envelope"
+	"github.com/idemgate/idemgate/extproc/security"
 	"github.com/idemgate/idemgate/fingerprint"
 )
 
@@ -106,6 +107,9 @@ func (ex *exchange) mcpRequestHeaders(req *extprocv3.ProcessingRequest, h *extpr
 	}
 	ex.subject = ex.resolveSubject(hm, req.GetMetadataContext())
 	ex.headerFingerprint, _ = headerValue(hm, hdrFingerprint)
+	// The arguments are checked like an HTTP body (bodyEncodingRefused).
+	ex.contentType, _ = headerValue(hm, hdrContentType)
+	ex.contentEncoding, _ = headerValue(hm, hdrContentEncoding)
 	if cl, ok := headerValue(hm, hdrContentLength); ok {
 		if n, err := strconv.ParseInt(strings.TrimSpace(cl), 10, 64); err == nil && n > ex.srv.cfg.Limits.MaxBodyBytes {
 			return ex.mcpProtocolError(413, rpcInvalidRequest, "request too large: at most "+strconv.FormatInt(ex.srv.cfg.Limits.MaxBodyBytes, 10)+" bytes"), true
@@ -262,7 +266,7 @@ func (ex *exchange) mcpToolCall(body, params, args []byte) (*extprocv3.Processin
 		// Valid to encoding/json but refused by idemgate's parser: a
 		// duplicate key (which upstream parsers resolve differently) or
 		// invalid UTF-8. Nothing is consumed.
-		ex.srv.security.Report(ex.ctx, securityEventAmbiguous(ex))
+		ex.report(security.Event{Reason: security.ReasonAmbiguousKey}, fingerprint.Claims{})
 		return ex.envelope(envelope.InvalidParams, 0, envelope.Extra{Detail: err.Error()}), true
 	}
 	if len(bytes.TrimSpace(args)) == 0 || string(bytes.TrimSpace(args)) == "null" {

@@ -358,6 +358,13 @@ func runMCPSuite(t *testing.T, e *env, d dialer, sse bool) {
 		res = do(t, d, mcpPost(alice, rpc(`8`, "tools/call", callParams("transfer_confirm", `{"amount":100,"amount":1,"currency":"EUR","fingerprint":"`+fp+`"}`))), neverCalled(t))
 		toolResult(t, res, `8`, "invalid_params", true)
 		require.Contains(t, e.logs.String(), "reason=ambiguous_key")
+		// And keys equal under case folding on a bound path (the fingerprint
+		// package's binding rule, applied to params.arguments).
+		res = do(t, d, mcpPost(alice, rpc(`10`, "tools/call", callParams("transfer_confirm", `{"amount":100,"Amount":1,"currency":"EUR","payee":{"account_id":"DE89"},"fingerprint":"`+fp+`"}`))), neverCalled(t))
+		r = toolResult(t, res, `10`, "invalid_params", true)
+		require.Contains(t, r["structuredContent"].(map[string]any)["detail"], "ambiguous key")
+		res = do(t, d, mcpPost(alice, rpc(`11`, "tools/call", callParams("transfer_preview", `{"amount":100,"currency":"EUR","payee":{"account_id":"DE89","Account_ID":"X"}}`))), neverCalled(t))
+		toolResult(t, res, `11`, "invalid_params", true)
 		require.Equal(t, 0, up.Executions())
 	})
 

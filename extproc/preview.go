@@ -24,7 +24,7 @@ func (ex *exchange) previewRequest(body []byte, headersOnly bool) (*extprocv3.Pr
 	}
 	params, err := ex.op.Selector.Select(pb.doc, ex.vars)
 	if err != nil {
-		return ex.envelope(envelope.InvalidParams, 0, envelope.Extra{Detail: err.Error()}), true
+		return ex.invalidParams(err, fingerprint.Claims{}), true
 	}
 	ex.params = params
 	if headersOnly {

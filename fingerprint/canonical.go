@@ -18,16 +18,17 @@ import (
 var ErrTooLarge = errors.New("canonical parameters too large")
 
 // ErrUnsupportedValue is returned for a Go value that is not one of the types
-// ParseJSON produces (plus float64 and the integer types, for convenience), for
-// strings that are not valid UTF-8, and for objects with two keys that become
-// equal after NFC normalisation.
+// ParseJSON produces (plus float64 and the integer types, for convenience) and
+// for strings that are not valid UTF-8.
 var ErrUnsupportedValue = errors.New("unsupported value")
 
 // Canonicalize returns the canonical JSON of v, a value as returned by
-// ParseJSON: objects with NFC-normalised keys sorted by bytes and null members
-// removed, arrays in order (nulls kept, positions matter), strings NFC and
-// escaped as described in the package doc, numbers in canonical decimal form,
-// no insignificant whitespace. A top-level nil is "null".
+// ParseJSON: objects with keys sorted by bytes and null members removed,
+// arrays in order (nulls kept, positions matter), strings byte for byte (as
+// unescaped) and escaped as described in the package doc, numbers in
+// canonical decimal form, no insignificant whitespace. A top-level nil is
+// "null". Neither keys nor strings are normalised: two byte-different
+// strings are two values, as they are to the upstream.
 //
 // float64, float32 and the integer types are accepted as numbers too (a float
 // through its shortest round-trip text); prefer json.Number, which is exact.
@@ -48,6 +49,11 @@ type canonicalizer struct {
 	limit    int
 	maxDepth int
 	members  []member // scratch, reused across objects at the same call
+	// bound: the value is a bound param's, so values that parsers read
+	// differently are refused (checkBoundNumber, checkBoundString).
+	bound bool
+	// nfc: NFC-normalise strings first (`normalize: nfc`).
+	nfc bool
 }
 
 type member struct {
@@ -115,6 +121,11 @@ func (c *canonicalizer) number(text string) error {
 	if err != nil {
 		return err
 	}
+	if c.bound {
+		if err := checkBoundNumber(text, d); err != nil {
+			return err
+		}
+	}
 	c.buf = appendDecimal(c.buf, d)
 	return c.checkSize()
 }
@@ -134,7 +145,15 @@ func (c *canonicalizer) string(s string) error {
 	if c.limit > 0 && len(c.buf)+len(s)+2 > c.limit {
 		return fmt.Errorf("%w (limit %d bytes)", ErrTooLarge, c.limit)
 	}
-	c.buf = AppendJSONString(c.buf, norm.NFC.String(s))
+	if c.bound {
+		if err := checkBoundString(s); err != nil {
+			return err
+		}
+	}
+	if c.nfc {
+		s = norm.NFC.String(s)
+	}
+	c.buf = AppendJSONString(c.buf, s)
 	return c.checkSize()
 }
 
@@ -150,7 +169,7 @@ func (c *canonicalizer) object(obj map[string]any, depth int) error {
 		if !utf8.ValidString(k) {
 			return fmt.Errorf("%w: object key is not valid UTF-8", ErrUnsupportedValue)
 		}
-		c.members = append(c.members, member{key: norm.NFC.String(k), value: v})
+		c.members = append(c.members, member{key: k, value: v})
 	}
 	// Members of this object live in c.members[base:]; nested objects push
 	// above them and truncate back, so the scratch slice is shared.
@@ -164,9 +183,6 @@ func (c *canonicalizer) object(obj map[string]any, depth int) error {
 	for i := range len(own) {
 		m := c.members[base+i] // re-read: nested calls may have grown the slice
 		if i > 0 {
-			if c.members[base+i-1].key == m.key {
-				return fmt.Errorf("%w: object keys %q collide after NFC normalisation", ErrUnsupportedValue, m.key)
-			}
 			c.buf = append(c.buf, ',')
 		}
 		c.buf = AppendJSONString(c.buf, m.key)

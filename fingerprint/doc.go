@@ -63,10 +63,11 @@
 // the param paths exactly as written, keys sorted by bytes; absent and null
 // params are left out. Values are canonicalised recursively:
 //
-//   - objects: keys NFC-normalised and sorted by bytes, null members removed;
-//     two keys equal after NFC are an error;
+//   - objects: keys byte for byte, sorted by bytes, null members removed;
 //   - arrays: in order, nulls kept (positions matter);
-//   - strings: NFC-normalised (golang.org/x/text/unicode/norm);
+//   - strings: byte for byte after JSON unescaping; NFC-normalised
+//     (golang.org/x/text/unicode/norm) only for a param with NFC set
+//     (`normalize: nfc`), never by default;
 //   - numbers: exact canonical decimals, never via float64 (below);
 //   - no whitespace. SHA-256 of these bytes, in lower-case hex, is "p".
 //
@@ -97,6 +98,26 @@
 // the number. Surrounding spaces, a leading '+', leading zeros ("007"), ".5",
 // "5.", "NaN" and the like are rejected (ErrInvalidDecimal, naming the path)
 // rather than guessed at; so are booleans, objects and arrays.
+//
+// # The binding rule
+//
+// Two bodies idemgate hashes alike must be the same operation to the
+// upstream, whatever mainstream JSON stack it runs. So Select refuses, before
+// hashing:
+//
+//   - ErrAmbiguousKey (an *AmbiguousKeyError naming the keys by JSON path):
+//     in any object on a bound path or inside a bound value, two keys that
+//     are equal ignoring case (Go's encoding/json matches struct fields by
+//     Unicode simple case folding and keeps the last match; .NET's web
+//     defaults and Jackson's case-insensitive mode do similar), a key equal
+//     ignoring case to the bound segment without being byte-identical, or a
+//     key holding U+0000. "Equal ignoring case" also ignores '_' and '-',
+//     as encoding/json/v2 does under case:ignore. Duplicate keys are
+//     refused by ParseJSON already.
+//   - ErrAmbiguousValue: a bound number that is negative zero, beyond the
+//     finite range of IEEE doubles (or non-zero and below it), or an integer
+//     above 2^53 spelled with a fraction or exponent; a bound string holding
+//     U+0000.
 //
 // # Hostile input
 //

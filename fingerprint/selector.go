@@ -32,6 +32,12 @@ type Param struct {
 	// Decimal (`type: decimal`) lets a JSON string holding a decimal hash
 	// exactly like the number it spells: "100.00" == 100.
 	Decimal bool
+	// NFC (`normalize: nfc`) NFC-normalises the param's strings before
+	// hashing, so "caf\u00e9" and "cafe\u0301" hash equal. Off by default:
+	// it is an equivalence only idemgate would make unless the upstream
+	// itself NFC-normalises the field, and then two byte-different values
+	// (two account ids) would confirm as one (the binding rule).
+	NFC bool
 }
 
 // Limits bound the work Select does on hostile bodies. Zero fields take the
@@ -52,6 +58,7 @@ type Selector struct {
 	byKey  []int           // indices of params, sorted by Path (byte order)
 	paths  []string        // configured order; shared with every Params
 	limits Limits
+	bound  *bindNode // tree of the body paths, for the binding check
 }
 
 type compiledParam struct {
@@ -101,6 +108,17 @@ func NewSelector(params []Param, lim Limits) (*Selector, error) {
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
+	}
+	s.bound = &bindNode{}
+	for _, p := range s.params {
+		if p.pathVar != "" {
+			continue
+		}
+		n := s.bound
+		for _, seg := range p.segments {
+			n = n.child(seg)
+		}
+		n.bound = true
 	}
 	s.byKey = make([]int, len(s.params))
 	for i := range s.byKey {
@@ -228,7 +246,16 @@ type Params struct {
 // Select extracts the configured params from doc (a value from ParseJSON; nil
 // when there is no body) and pathVars, and canonicalises and hashes them.
 // Absent and null params are left out. Errors name the param's path.
+//
+// Before anything is hashed, the binding rule is checked: a body in which a
+// bound field could be read two ways is refused with an *AmbiguousKeyError
+// (ErrAmbiguousKey), and a bound value that parsers read differently with
+// ErrAmbiguousValue. Both are security-relevant: the caller should report
+// them, not just answer invalid_params.
 func (s *Selector) Select(doc any, pathVars map[string]string) (Params, error) {
+	if err := checkBinding(doc, s.bound); err != nil {
+		return Params{}, err
+	}
 	type span struct{ start, end int }
 	var spanBuf [16]span
 	spans := spanBuf[:0]
@@ -236,7 +263,7 @@ func (s *Selector) Select(doc any, pathVars map[string]string) (Params, error) {
 		spans = make([]span, 0, len(s.params))
 	}
 
-	c := canonicalizer{buf: make([]byte, 0, 256), limit: s.limits.MaxCanonicalBytes, maxDepth: s.limits.MaxDepth}
+	c := canonicalizer{buf: make([]byte, 0, 256), limit: s.limits.MaxCanonicalBytes, maxDepth: s.limits.MaxDepth, bound: true}
 	present := 0
 	keyBytes := 0
 	for i := range s.params {
@@ -247,6 +274,7 @@ func (s *Selector) Select(doc any, pathVars map[string]string) (Params, error) {
 			continue
 		}
 		start := len(c.buf)
+		c.nfc = p.NFC
 		var err error
 		if p.Decimal {
 			err = c.decimalValue(v)

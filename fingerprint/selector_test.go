@@ -85,8 +85,15 @@ func TestSelect(t *testing.T) {
 			name:       "nested object value canonicalised",
 			params:     []fingerprint.Param{{Path: "payee"}},
 			body:       `{"payee":{"name":"Zoe\u0308","iban":"DE89","bic":null,"tags":["b",null,"a"]}}`,
-			canonical:  "{\"payee\":{\"iban\":\"DE89\",\"name\":\"Zo\u00eb\",\"tags\":[\"b\",null,\"a\"]}}",
+			canonical:  "{\"payee\":{\"iban\":\"DE89\",\"name\":\"Zoe\u0308\",\"tags\":[\"b\",null,\"a\"]}}",
 			fieldPaths: []string{"payee"},
+		},
+		{
+			name:       "normalize: nfc recomposes the param's strings, not its keys",
+			params:     []fingerprint.Param{{Path: "payee", NFC: true}, {Path: "memo"}},
+			body:       `{"payee":{"name":"Zoe\u0308","e\u0301":"x"},"memo":"Zoe\u0308"}`,
+			canonical:  "{\"memo\":\"Zoe\u0308\",\"payee\":{\"e\u0301\":\"x\",\"name\":\"Zo\u00eb\"}}",
+			fieldPaths: []string{"payee", "memo"},
 		},
 		{
 			name:       "array index segments",

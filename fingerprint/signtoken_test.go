@@ -95,11 +95,7 @@ func vectorRequest(t *testing.T, v *tokenVector) (*KeyRing, SignRequest) {
 	}
 	ring, err := NewKeyRing(v.ActiveKey, keys)
 	require.NoError(t, err)
-	params := make([]Param, 0, len(v.Params))
-	for _, p := range v.Params {
-		params = append(params, Param{Path: p.Path, Decimal: p.Type == "decimal"})
-	}
-	sel, err := NewSelector(params, Limits{})
+	sel, err := NewSelector(vectorParams(v.Params), Limits{})
 	require.NoError(t, err)
 	doc, err := ParseJSON([]byte(v.Body), 0)
 	require.NoError(t, err)

@@ -29,6 +29,24 @@ type vectorFile struct {
 	Tokens    []tokenVector     `json:"tokens"`
 }
 
+// bindingVectorsFile holds the bodies the binding rule refuses; a file of its
+// own, since readers of vectors.json refuse members they do not know.
+const bindingVectorsFile = "testdata/binding_vectors.json"
+
+type bindingVectorFile struct {
+	Comment []string        `json:"comment"`
+	Refused []refusedVector `json:"refused"`
+}
+
+// refusedVector is a body Select must refuse (the binding rule): error is
+// "ambiguous_key" or "ambiguous_value".
+type refusedVector struct {
+	Name   string        `json:"name"`
+	Params []paramVector `json:"params"`
+	Body   string        `json:"body"`
+	Error  string        `json:"error"`
+}
+
 type numberVector struct {
 	In    string `json:"in"`
 	Out   string `json:"out,omitempty"`
@@ -42,8 +60,17 @@ type canonicalVector struct {
 }
 
 type paramVector struct {
-	Path string `json:"path"`
-	Type string `json:"type,omitempty"` // "" or "decimal"
+	Path      string `json:"path"`
+	Type      string `json:"type,omitempty"`      // "" or "decimal"
+	Normalize string `json:"normalize,omitempty"` // "" or "nfc"
+}
+
+func vectorParams(in []paramVector) []Param {
+	params := make([]Param, 0, len(in))
+	for _, p := range in {
+		params = append(params, Param{Path: p.Path, Decimal: p.Type == "decimal", NFC: p.Normalize == "nfc"})
+	}
+	return params
 }
 
 type tokenVector struct {
@@ -119,6 +146,37 @@ func TestGoldenVectors(t *testing.T) {
 		require.Equal(t, *v.Expected, *got, v.Name)
 	}
 
+	braw, err := os.ReadFile(bindingVectorsFile)
+	require.NoError(t, err)
+	var bf bindingVectorFile
+	bdec := json.NewDecoder(bytes.NewReader(braw))
+	bdec.DisallowUnknownFields()
+	require.NoError(t, bdec.Decode(&bf))
+	require.NotEmpty(t, bf.Refused)
+	for i := range bf.Refused {
+		v := &bf.Refused[i]
+		sel, err := NewSelector(vectorParams(v.Params), Limits{})
+		require.NoError(t, err, v.Name)
+		doc, err := ParseJSON([]byte(v.Body), 0)
+		require.NoError(t, err, v.Name)
+		_, err = sel.Select(doc, nil)
+		got := ""
+		switch {
+		case errors.Is(err, ErrAmbiguousKey):
+			got = "ambiguous_key"
+		case errors.Is(err, ErrAmbiguousValue):
+			got = "ambiguous_value"
+		case err != nil:
+			got = "invalid"
+		}
+		if *update {
+			v.Error = got
+			continue
+		}
+		require.NotEmpty(t, got, "refused vector %q was accepted", v.Name)
+		require.Equal(t, v.Error, got, v.Name)
+	}
+
 	if *update {
 		var buf bytes.Buffer
 		enc := json.NewEncoder(&buf)
@@ -127,6 +185,10 @@ func TestGoldenVectors(t *testing.T) {
 		require.NoError(t, enc.Encode(vf))
 		require.NoError(t, os.WriteFile(filepath.Clean(vectorsFile), buf.Bytes(), 0o644))
 		t.Logf("rewrote %s", vectorsFile)
+		buf.Reset()
+		require.NoError(t, enc.Encode(bf))
+		require.NoError(t, os.WriteFile(filepath.Clean(bindingVectorsFile), buf.Bytes(), 0o644))
+		t.Logf("rewrote %s", bindingVectorsFile)
 	}
 }
 
@@ -152,11 +214,7 @@ func tokenVectorResult(t *testing.T, v *tokenVector) *tokenExpected {
 	}
 	ring, err := NewKeyRing(v.ActiveKey, keys)
 	require.NoError(t, err, v.Name)
-	params := make([]Param, 0, len(v.Params))
-	for _, p := range v.Params {
-		params = append(params, Param{Path: p.Path, Decimal: p.Type == "decimal"})
-	}
-	sel, err := NewSelector(params, Limits{})
+	sel, err := NewSelector(vectorParams(v.Params), Limits{})
 	require.NoError(t, err, v.Name)
 	doc, err := ParseJSON([]byte(v.Body), 0)
 	require.NoError(t, err, v.Name)

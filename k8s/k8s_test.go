@@ -228,7 +228,9 @@ func TestBaseEnvoyConfig(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, yaml.Unmarshal(raw, &compose))
 		require.Equal(t, compose.Services["envoy"].Image, envoy.Image)
-		require.Regexp(t, `^envoyproxy/envoy:v1\.3\d\.\d+$`, envoy.Image)
+		pin, err := envoytest.PinnedVersion()
+		require.NoError(t, err)
+		require.Equal(t, "envoyproxy/envoy:v"+pin, envoy.Image, "the release .envoy-version pins")
 	})
 }
 

@@ -1,8 +1,10 @@
 // Package envoytest decodes idemgate's Envoy YAML strictly into the
-// go-control-plane v3 types and checks the invariants idemgate relies on. It is
-// the repository's stand-in for `envoy --mode validate`: no Envoy binary is
-// needed, but a field Envoy would reject (unknown name, wrong type, failed
-// proto validation rule, unresolvable typed_config) fails the same way.
+// go-control-plane v3 types and checks the invariants idemgate relies on: a
+// field Envoy would reject (unknown name, wrong type, failed proto validation
+// rule, unresolvable typed_config) fails here with a path to it, and the
+// checks say what idemgate needs beyond what Envoy accepts. It also finds the
+// pinned Envoy binary and runs `envoy --mode validate` (binary.go), which is
+// the final word on whether Envoy accepts a config.
 //
 // The tests of envoy/ and k8s/ use it on every Envoy config we ship.
 package envoytest

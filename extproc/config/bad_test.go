@@ -41,6 +41,9 @@ func TestBadConfigs(t *testing.T) {
 			"bad_params.yaml:14:7: operations[0].params: invalid param \"payee..account\": empty path segment",
 			"bad_params.yaml:14:7: operations[0].params: invalid param \"currency\": listed twice",
 		}},
+		{file: "bad_normalize.yaml", want: []string{
+			"bad_normalize.yaml:14:45: operations[0].params[0].normalize: unknown normalization \"nfkc\" (known: nfc; omit it to compare strings byte for byte)",
+		}},
 		{file: "bad_path_template.yaml", want: []string{
 			"bad_path_template.yaml:8:35: operations[0].preview.path: invalid path template \"/v1/transfers/{id\": segment \"{id\": a variable must be a whole segment {name}",
 			"bad_path_template.yaml:9:23: operations[0].confirm.method: invalid HTTP method \"GET POST\"",
@@ -200,6 +203,26 @@ func TestWarnings(t *testing.T) {
 		"testdata/warn/in_flight_short.yaml:7:11: store.redis: Redis without PostgreSQL: Redis is not a system of record; a failover or flush can forget completed operations and let them execute again",
 		"testdata/warn/in_flight_short.yaml:18:23: operations[0].upstream_timeout: ttl.in_flight (30s) should exceed upstream_timeout × (1 + upstream_retries) = 30s: a confirm still running when its lease ends can be taken over or marked unknown while the upstream is working on it",
 	}, got)
+}
+
+// normalize: nfc is opt-in per param, and check-config says when it is safe.
+func TestNormalizeNFC(t *testing.T) {
+	rt, warns, err := Load("testdata/warn/normalize_nfc.yaml", testOptions())
+	require.NoError(t, err)
+	var got []string
+	for _, w := range warns {
+		got = append(got, w.Error())
+	}
+	require.Equal(t, []string{
+		`testdata/warn/normalize_nfc.yaml:15:39: operations[0].params[1].normalize: nfc makes byte-different spellings of payee.name (NFD "cafe\u0301" and NFC "caf\u00e9") confirm as one value: safe only if the upstream itself NFC-normalises payee.name before using it; otherwise remove normalize and let strings compare byte for byte`,
+	}, got)
+	params := rt.Operations[0].Params
+	require.False(t, params[0].NFC)
+	require.True(t, params[1].NFC)
+	require.False(t, params[2].NFC, "byte for byte by default")
+	var b strings.Builder
+	require.NoError(t, rt.WriteSummary(&b))
+	require.Contains(t, b.String(), "params   amount (decimal), payee.name (nfc: safe only if the upstream NFC-normalises it), payee.account_id;")
 }
 
 func TestDefaults(t *testing.T) {

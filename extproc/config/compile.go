@@ -758,6 +758,17 @@ func (c *compiler) params(op *Operation, o *OperationSpec, at func(...any) []any
 			c.errorf(at("params", j, "type"), "unknown type %q (known: decimal)", prm.Type)
 			ok = false
 		}
+		switch prm.Normalize {
+		case "":
+		case "nfc":
+			fp.NFC = true
+			// The binding rule (DESIGN section 2): an equivalence only
+			// idemgate makes is a hole, so say plainly when this is safe.
+			c.warnf(at("params", j, "normalize"), "nfc makes byte-different spellings of %s (NFD \"cafe\\u0301\" and NFC \"caf\\u00e9\") confirm as one value: safe only if the upstream itself NFC-normalises %s before using it; otherwise remove normalize and let strings compare byte for byte", prm.Path, prm.Path)
+		default:
+			c.errorf(at("params", j, "normalize"), "unknown normalization %q (known: nfc; omit it to compare strings byte for byte)", prm.Normalize)
+			ok = false
+		}
 		if prm.Path == "" {
 			c.errorf(at("params", j), "empty param path")
 			ok = false

@@ -187,17 +187,20 @@ type MessageText struct {
 	Instruction string `yaml:"instruction"`
 }
 
-// Param is a params item: either a plain path string or {path, type}.
+// Param is a params item: either a plain path string or {path, type,
+// normalize}.
 type Param struct {
-	Path string `yaml:"path"`
-	Type string `yaml:"type"`
+	Path      string `yaml:"path"`
+	Type      string `yaml:"type"`
+	Normalize string `yaml:"normalize"`
 }
 
 // paramMapping is the mapping form of a Param; a separate type so decoding it
 // does not recurse into Param.UnmarshalYAML.
 type paramMapping struct {
-	Path string `yaml:"path"`
-	Type string `yaml:"type"`
+	Path      string `yaml:"path"`
+	Type      string `yaml:"type"`
+	Normalize string `yaml:"normalize"`
 }
 
 // UnmarshalYAML accepts "amount" as well as {path: amount, type: decimal}.
@@ -215,6 +218,8 @@ func (p *Param) UnmarshalYAML(node ast.Node) error {
 				m.Path = val
 			case "type":
 				m.Type = val
+			case "normalize":
+				m.Normalize = val
 			}
 		}
 		*p = Param(m)

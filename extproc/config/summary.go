@@ -62,6 +62,9 @@ func (rt *Runtime) WriteSummary(w io.Writer) error {
 			if prm.Decimal {
 				s += " (decimal)"
 			}
+			if prm.NFC {
+				s += " (nfc: safe only if the upstream NFC-normalises it)"
+			}
 			params = append(params, s)
 		}
 		ref := "the nonce"

@@ -20,11 +20,18 @@ import (
 
 // Reasons reported by the server.
 const (
-	ReasonParamsChanged       = "params_changed"
-	ReasonSubjectMismatch     = "fingerprint_subject_mismatch"
-	ReasonBadMAC              = "bad_mac"
-	ReasonUnknownKey          = "unknown_key"
-	ReasonStoreParamMismatch  = "store_param_mismatch"
+	ReasonParamsChanged      = "params_changed"
+	ReasonSubjectMismatch    = "fingerprint_subject_mismatch"
+	ReasonBadMAC             = "bad_mac"
+	ReasonUnknownKey         = "unknown_key"
+	ReasonStoreParamMismatch = "store_param_mismatch"
+	// ReasonAmbiguousKey: a body in which a bound field could be read two
+	// ways (keys equal ignoring case, U+0000 in a key), refused before the
+	// upstream (the binding rule, DESIGN section 2).
+	ReasonAmbiguousKey = "ambiguous_key"
+	// ReasonAmbiguousValue: a bound value that mainstream parsers read
+	// differently (negative zero, 1E400, U+0000...), refused likewise.
+	ReasonAmbiguousValue      = "ambiguous_value"
 	eventName                 = "security_alert"
 	logMessage                = "event=" + eventName
 	defaultWebhookQueueLength = 1000
@@ -39,6 +46,9 @@ type Event struct {
 	SubjectTag    string // keyed tag of the presenting subject
 	TraceID       string
 	ChangedFields []string
+	// Keys are the JSON paths of ambiguous keys, escaped to printable
+	// ASCII by the fingerprint package.
+	Keys []string
 }
 
 // Counters are the metrics a Reporter bumps. Nil functions are skipped.
@@ -79,6 +89,7 @@ type payload struct {
 	SubjectTag    string   `json:"subject_tag,omitempty"`
 	TraceID       string   `json:"trace_id,omitempty"`
 	ChangedFields []string `json:"changed_fields,omitempty"`
+	Keys          []string `json:"keys,omitempty"`
 	Time          string   `json:"time"`
 }
 
@@ -117,6 +128,9 @@ func (r *Reporter) Report(ctx context.Context, e Event) {
 	if len(e.ChangedFields) > 0 {
 		attrs = append(attrs, slog.Any("changed_fields", e.ChangedFields))
 	}
+	if len(e.Keys) > 0 {
+		attrs = append(attrs, slog.Any("keys", e.Keys))
+	}
 	r.logger.LogAttrs(ctx, slog.LevelWarn, logMessage, attrs...)
 	if r.counters.Event != nil {
 		r.counters.Event(e.Reason)
@@ -126,7 +140,7 @@ func (r *Reporter) Report(ctx context.Context, e Event) {
 	}
 	p := payload{
 		Event: eventName, Reason: e.Reason, Operation: e.Operation, Nonce: e.Nonce,
-		SubjectTag: e.SubjectTag, TraceID: e.TraceID, ChangedFields: e.ChangedFields,
+		SubjectTag: e.SubjectTag, TraceID: e.TraceID, ChangedFields: e.ChangedFields, Keys: e.Keys,
 		Time: r.now().UTC().Format(time.RFC3339Nano),
 	}
 	select {

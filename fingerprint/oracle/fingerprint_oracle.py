@@ -313,10 +313,13 @@ def _utf8_key(s):
     return s.encode("utf-8")
 
 
-def canonicalize(v, nfc):
-    """Canonical JSON text of a parsed value. nfc: NFC-normalise strings and keys first
-    (the pre-`normalize` rule of the package doc); otherwise strings are kept byte for
-    byte after unescaping (DESIGN §2)."""
+def canonicalize(v, nfc, nfc_keys=None):
+    """Canonical JSON text of a parsed value. nfc: NFC-normalise strings first;
+    nfc_keys (default: nfc) also keys, as the pre-`normalize` rule of the package doc
+    did. A param's `normalize: nfc` normalises its strings, not keys (the vectors'
+    comment); otherwise strings are kept byte for byte after unescaping (DESIGN §2)."""
+    if nfc_keys is None:
+        nfc_keys = nfc
     if v is None:
         return "null"
     if v is True:
@@ -328,11 +331,11 @@ def canonicalize(v, nfc):
     if isinstance(v, str):
         return escape_string(unicodedata.normalize("NFC", v) if nfc else v)
     if isinstance(v, list):
-        return "[" + ",".join(canonicalize(x, nfc) for x in v) + "]"
+        return "[" + ",".join(canonicalize(x, nfc, nfc_keys) for x in v) + "]"
     if isinstance(v, dict):
         members = {}
         for key, val in v.items():
-            k = unicodedata.normalize("NFC", key) if nfc else key
+            k = unicodedata.normalize("NFC", key) if nfc_keys else key
             # SILENT: whether a null member takes part in the "two keys equal after NFC"
             # check; here it does (the rule names keys, not non-null members).
             if k in members:
@@ -340,7 +343,7 @@ def canonicalize(v, nfc):
             members[k] = val
         items = sorted(((k, x) for k, x in members.items() if x is not None),
                        key=lambda kv: _utf8_key(kv[0]))
-        return "{" + ",".join(escape_string(k) + ":" + canonicalize(x, nfc) for k, x in items) + "}"
+        return "{" + ",".join(escape_string(k) + ":" + canonicalize(x, nfc, nfc_keys) for k, x in items) + "}"
     raise OracleError("unsupported", type(v).__name__)
 
 
@@ -439,10 +442,10 @@ def select(params, doc, path_vars, legacy_nfc):
                 raise OracleError("invalid_decimal" if e.kind == INVALID else e.kind, path)
         else:
             _check_value_keys(v, path)
-            # SILENT: `normalize: nfc` says "its strings"; object keys inside the value
-            # are normalised too, as the package doc has always done for keys.
+            # `normalize: nfc` says "its strings": keys inside the value stay byte for
+            # byte (the vectors' comment says so); legacy vectors normalised both.
             nfc = legacy_nfc or p.get("normalize") == "nfc"
-            canon = canonicalize(v, nfc)
+            canon = canonicalize(v, nfc, legacy_nfc)
         fields.append((path, canon))
     ordered = sorted(fields, key=lambda f: _utf8_key(f[0]))
     text = "{" + ",".join(escape_string(path) + ":" + c for path, c in ordered) + "}"

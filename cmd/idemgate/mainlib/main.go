@@ -36,13 +36,13 @@ Usage:
   idemgate ops show NONCE (--config FILE | --dsn DSN)
   idemgate ops resolve NONCE (--done|--failed) --status N --body @FILE|TEXT [--content-type TYPE] (--config FILE | --dsn DSN)
       Reconciliation (对账): find records a person must settle, read them, settle them.
-  idemgate demo [--listen 127.0.0.1:8080]
-      One process, no services: idemgate (memory store), the demo payments API and an
-      Envoy-faithful front built from envoy/envoy.yaml on --listen. Prints curl commands.
-  idemgate demo --upstream-only [--listen 127.0.0.1:8081]
-      Only the demo payments API (docker-compose runs it beside a real Envoy).
+  idemgate tools --config FILE --format openai|anthropic|mcp
+      Print the preview, confirm and status tool definitions of every operation.
   idemgate version
   idemgate help
+
+The demo (Envoy in front of idemgate and a demo payments API) is not part of this
+binary: run ` + "`make demo`" + ` in the repository (cmd/idemgate-demo).
 `
 
 // Main runs one idemgate command. ctx is cancelled on SIGTERM/SIGINT; serve
@@ -64,8 +64,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return migrate(ctx, rest, stdout, stderr)
 	case "ops":
 		return ops(ctx, rest, stdout, stderr)
-	case "demo":
-		return demo(ctx, rest, stdout, stderr)
+	case "tools":
+		return tools(rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "idemgate", Version)
 		return nil

@@ -64,7 +64,8 @@ func TestCommands(t *testing.T) {
 
 	require.ErrorIs(t, Main(t.Context(), nil, &out, &errOut), ErrUsage)
 	require.ErrorIs(t, Main(t.Context(), []string{"frobnicate"}, &out, &errOut), ErrUsage)
-	require.ErrorIs(t, Main(t.Context(), []string{"demo", "extra"}, &out, &errOut), ErrUsage)
+	// The demo is its own command (cmd/idemgate-demo), not a subcommand here.
+	require.ErrorIs(t, Main(t.Context(), []string{"demo"}, &out, &errOut), ErrUsage)
 	require.ErrorIs(t, Main(t.Context(), []string{"serve"}, &out, &errOut), ErrUsage)
 	require.ErrorIs(t, Main(t.Context(), []string{"ops", "resolve", "abc", "--dsn", "x", "--done", "--failed", "--status", "200"}, &out, &errOut), ErrUsage)
 }

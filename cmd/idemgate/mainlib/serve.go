@@ -89,15 +89,8 @@ func run(ctx context.Context, rt *config.Runtime, logger *slog.Logger, stderr io
 	return runOnWith(ctx, rt, logger, grpcLis, adminLis, func() { fmt.Fprintln(stderr, "ready") }, admin)
 }
 
-// runOn serves a compiled config on listeners that are already open (serve
-// opens them from the config; demo opens loopback ports whose addresses it
-// must know before it builds the Envoy front). It closes both listeners and
-// calls onReady once both are being served.
-func runOn(ctx context.Context, rt *config.Runtime, logger *slog.Logger, grpcLis, adminLis net.Listener, onReady func()) error {
-	return runOnWith(ctx, rt, logger, grpcLis, adminLis, onReady, adminOptions{})
-}
-
-// runOnWith is runOn with admin options.
+// runOnWith serves a compiled config on listeners that are already open.
+// It closes both listeners and calls onReady once both are being served.
 func runOnWith(ctx context.Context, rt *config.Runtime, logger *slog.Logger, grpcLis, adminLis net.Listener, onReady func(), adminOpts adminOptions) error {
 	// Serve and Shutdown close them too; this covers the early returns.
 	defer grpcLis.Close()

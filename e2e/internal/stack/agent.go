@@ -179,13 +179,19 @@ func (a *Agent) Post(path string, body map[string]any, extra http.Header) (*Resp
 	if err != nil {
 		return nil, fmt.Errorf("POST %s: failed to read the answer: %w", path, err)
 	}
+	return newResponse(resp, b, ua)
+}
+
+// newResponse wraps an answer, decoding an idemgate envelope when the body
+// is one (an object with status, instruction and trace_id).
+func newResponse(resp *http.Response, b []byte, ua string) (*Response, error) {
 	out := &Response{StatusCode: resp.StatusCode, Header: resp.Header, ContentLength: resp.ContentLength, Body: b, UserAgent: ua}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
 		var probe map[string]json.RawMessage
 		if json.Unmarshal(b, &probe) == nil && probe["status"] != nil && probe["instruction"] != nil && probe["trace_id"] != nil {
 			var env Envelope
 			if err := json.Unmarshal(b, &env); err != nil {
-				return nil, fmt.Errorf("POST %s: bad envelope: %w", path, err)
+				return nil, fmt.Errorf("bad envelope: %w", err)
 			}
 			out.Envelope = &env
 		}

@@ -30,9 +30,10 @@ const (
 	extProcFilterName = "envoy.filters.http.ext_proc"
 )
 
-// bootstrapEdits are the changes the stack makes to the shipped envoy.yaml.
-// They are made on the decoded v3 Bootstrap, so the same bytes feed the
-// harness (envoysim.FromBootstrap) and a real Envoy (-c file).
+// bootstrapEdits are the changes the stack makes to the shipped envoy.yaml:
+// ports, cluster endpoints and the test's timeouts, nothing else. They are
+// made on the decoded v3 Bootstrap, so an edit cannot silently miss its
+// target (a renamed route or cluster is an error).
 type bootstrapEdits struct {
 	listenAddr string
 	adminAddr  string
@@ -42,6 +43,14 @@ type bootstrapEdits struct {
 	confirmRouteTimeout time.Duration
 	// messageTimeout replaces ext_proc's message_timeout when > 0.
 	messageTimeout time.Duration
+	// confirmRetryOn replaces the confirm route's retry_policy.retry_on
+	// when set (envoy.yaml: a downstream that ignores keys must not be
+	// retried on reset).
+	confirmRetryOn string
+	// rawPaths turns off the HCM's path normalisation (normalize_path,
+	// merge_slashes, escaped slashes kept): only for the test that shows
+	// why envoy.yaml normalises.
+	rawPaths bool
 }
 
 // renderBootstrap returns the shipped envoy.yaml with edits applied, as YAML.
@@ -99,9 +108,28 @@ func renderBootstrap(e bootstrapEdits) ([]byte, error) {
 
 	if err := editHCM(listeners[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig(), func(h *hcmv3.HttpConnectionManager) error {
 		if e.confirmRouteTimeout > 0 {
-			if err := setRouteTimeout(h, confirmRouteName, e.confirmRouteTimeout); err != nil {
+			if err := editRoute(h, confirmRouteName, func(ra *routev3.RouteAction) error {
+				ra.Timeout = durationpb.New(e.confirmRouteTimeout)
+				return nil
+			}); err != nil {
 				return err
 			}
+		}
+		if e.confirmRetryOn != "" {
+			if err := editRoute(h, confirmRouteName, func(ra *routev3.RouteAction) error {
+				if ra.GetRetryPolicy() == nil {
+					return fmt.Errorf("route %s has no retry_policy", confirmRouteName)
+				}
+				ra.RetryPolicy.RetryOn = e.confirmRetryOn
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		if e.rawPaths {
+			h.NormalizePath = nil
+			h.MergeSlashes = false
+			h.PathWithEscapedSlashesAction = hcmv3.HttpConnectionManager_KEEP_UNCHANGED
 		}
 		if e.messageTimeout > 0 {
 			return setMessageTimeout(h, e.messageTimeout)
@@ -139,7 +167,8 @@ func editHCM(a *anypb.Any, edit func(*hcmv3.HttpConnectionManager) error) error 
 	return nil
 }
 
-func setRouteTimeout(h *hcmv3.HttpConnectionManager, name string, d time.Duration) error {
+// editRoute lets edit change the action of the route called name.
+func editRoute(h *hcmv3.HttpConnectionManager, name string, edit func(*routev3.RouteAction) error) error {
 	for _, vh := range h.GetRouteConfig().GetVirtualHosts() {
 		for _, r := range vh.GetRoutes() {
 			if r.GetName() != name {
@@ -149,8 +178,7 @@ func setRouteTimeout(h *hcmv3.HttpConnectionManager, name string, d time.Duratio
 			if !ok {
 				return fmt.Errorf("route %s does not forward to a cluster", name)
 			}
-			ra.Route.Timeout = durationpb.New(d)
-			return nil
+			return edit(ra.Route)
 		}
 	}
 	return fmt.Errorf("envoy.yaml has no route %q", name)

@@ -11,29 +11,27 @@ import (
 const idemgatePackage = "github.com/idemgate/idemgate/cmd/idemgate"
 
 // Env is what every stack of one `go test` run shares: the idemgate binary
-// and, in real-Envoy mode, the Envoy binary.
+// and the Envoy binary that fronts it.
 type Env struct {
 	// IdemgateBin is the idemgate binary every stack runs as a child process.
 	IdemgateBin string
-	// EnvoyBin, when set, runs a real Envoy as the front instead of the
-	// envoysim harness.
+	// EnvoyBin is the pinned Envoy (.envoy-version) every stack runs as its
+	// front.
 	EnvoyBin string
 }
 
 // EnvFromEnvironment builds the idemgate binary into dir (or takes the one
-// IDEMGATE_BIN names) and reads ENVOY_BIN.
+// IDEMGATE_BIN names) and finds the pinned Envoy (FindEnvoy).
 func EnvFromEnvironment(dir string) (Env, error) {
+	envoyBin, err := FindEnvoy()
+	if err != nil {
+		return Env{}, err
+	}
 	bin, err := BuildIdemgate(dir)
 	if err != nil {
 		return Env{}, err
 	}
-	env := Env{IdemgateBin: bin, EnvoyBin: os.Getenv("ENVOY_BIN")}
-	if env.EnvoyBin != "" {
-		if _, err := os.Stat(env.EnvoyBin); err != nil {
-			return Env{}, fmt.Errorf("ENVOY_BIN=%s: %w", env.EnvoyBin, err)
-		}
-	}
-	return env, nil
+	return Env{IdemgateBin: bin, EnvoyBin: envoyBin}, nil
 }
 
 // BuildIdemgate returns the idemgate binary to test: IDEMGATE_BIN when set,

@@ -1,118 +1,66 @@
 package stack
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"sync"
-	"sync/atomic"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/idemgate/idemgate/e2e/envoysim"
-	"github.com/idemgate/idemgate/internal/testutil"
 )
 
-// front is what agents talk to: the envoysim harness or a real Envoy, both
-// running the (edited) shipped envoy.yaml.
-type front interface {
-	// Addr is the listener's host:port.
-	Addr() string
-	// RequestID returns the x-request-id the front gave the request that
-	// got resp, which idemgate must echo as trace_id. Only local replies
-	// (every envelope is one) can be looked up.
-	RequestID(resp *Response) (string, error)
-	// Mode names the front for logs and the package doc.
-	Mode() string
-	Log() string
-	Close()
-}
-
-// harnessFront is envoysim serving the bootstrap in-process.
-type harnessFront struct {
-	proxy *envoysim.Proxy
-	log   *logBuffer
-
-	mu      sync.Mutex
-	replies []envoysim.LocalReply
-}
-
-func startHarness(bootstrap []byte) (*harnessFront, error) {
-	cfg, err := envoysim.FromBootstrap(bootstrap, nil, "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("the harness refuses the bootstrap: %w", err)
-	}
-	f := &harnessFront{log: &logBuffer{}}
-	p, err := envoysim.New(cfg,
-		envoysim.WithLogger(slog.New(slog.NewTextHandler(f.log, &slog.HandlerOptions{Level: slog.LevelInfo}))),
-		envoysim.WithHooks(envoysim.Hooks{
-			OnLocalReply: func(lr envoysim.LocalReply) {
-				f.mu.Lock()
-				f.replies = append(f.replies, lr)
-				f.mu.Unlock()
-				fmt.Fprintf(f.log, "local reply: request_id=%s status=%d source=%s details=%s\n", lr.RequestID, lr.Status, lr.Source, lr.Details)
-			},
-			OnRequestDone: func(a envoysim.AccessLog) {
-				fmt.Fprintf(f.log, "access: request_id=%s %s %s -> %d %s ext_proc=%t upstream_attempts=%d reset=%t %s\n",
-					a.RequestID, a.Method, a.Path, a.ResponseCode, a.ResponseCodeDetails, a.ExtProcStreamOpened, a.UpstreamAttempts, a.DownstreamReset, a.Duration)
-			},
-		}))
-	if err != nil {
-		return nil, fmt.Errorf("the harness refuses the config: %w", err)
-	}
-	if err := p.Start(""); err != nil {
-		return nil, fmt.Errorf("failed to start the harness: %w", err)
-	}
-	f.proxy = p
-	return f, nil
-}
-
-func (f *harnessFront) Addr() string { return f.proxy.Addr() }
-func (f *harnessFront) Mode() string { return "envoysim harness" }
-func (f *harnessFront) Log() string  { return f.log.String() }
-func (f *harnessFront) Close()       { _ = f.proxy.Close() }
-
-// RequestID finds the local reply whose status and body are resp's: the body
-// of an envelope holds its trace_id, so at most one reply matches.
-func (f *harnessFront) RequestID(resp *Response) (string, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, lr := range f.replies {
-		if lr.Status == resp.StatusCode && lr.Body == string(resp.Body) {
-			return lr.RequestID, nil
-		}
-	}
-	return "", errors.New("the harness generated no local reply with this status and body")
-}
-
-// envoyFront is a real Envoy process.
-type envoyFront struct {
-	listenAddr, adminAddr string
+// Envoy is the front of a stack: a real Envoy process running the shipped
+// envoy.yaml with only ports, paths and the test's timeouts changed.
+type Envoy struct {
+	// ListenAddr is the ingress listener, AdminAddr the admin interface
+	// (both loopback, ports chosen by the kernel).
+	ListenAddr, AdminAddr string
 	log                   *logBuffer
 	cmd                   *exec.Cmd
 	exited                chan struct{}
 }
 
-// envoyBaseIDs keeps the shared-memory base ids of the Envoys one test
-// binary starts apart; the pid keeps them apart from other binaries'.
-var envoyBaseIDs atomic.Uint32
+// ingressListener is the listener's name in the shipped envoy.yaml.
+const ingressListener = "ingress"
 
-func startEnvoy(t testing.TB, bin string, bootstrap []byte, listenAddr, adminAddr string) (*envoyFront, error) {
-	path := filepath.Join(t.TempDir(), "envoy.yaml")
-	if err := os.WriteFile(path, bootstrap, 0o600); err != nil {
+// accessLogFlush is --file-flush-interval-msec. The stdout access log is
+// where the tests read the x-request-id Envoy gave a request; Envoy's
+// default flush interval (10 s) makes every such lookup wait that long, and
+// tests that race a lease (6 s in the crash test) then lose the race.
+const accessLogFlush = 20 * time.Millisecond
+
+// startEnvoy runs bin on bootstrap. The bootstrap binds the listener and the
+// admin interface to port 0, so two Envoys (parallel tests, parallel test
+// binaries) can never collide on a port chosen before it was bound; the
+// admin address is read from --admin-address-path and the listener's port
+// from the admin /listeners. Hot restart is off (no shared memory, so no
+// --base-id to keep apart) and two worker threads are enough for any test.
+func startEnvoy(t testing.TB, bin string, bootstrap []byte) (*Envoy, error) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "envoy.yaml")
+	if err := os.WriteFile(cfgPath, bootstrap, 0o600); err != nil {
 		return nil, fmt.Errorf("failed to write the bootstrap: %w", err)
 	}
-	baseID := uint32(os.Getpid()%100000)*100 + envoyBaseIDs.Add(1)%100
-	f := &envoyFront{listenAddr: listenAddr, adminAddr: adminAddr, log: &logBuffer{}, exited: make(chan struct{})}
-	cmd := exec.Command(bin, "-c", path, "--base-id", strconv.FormatUint(uint64(baseID), 10), "--log-level", "warning")
-	// stdout carries the access log (the shipped stdout access logger).
+	adminPath := filepath.Join(dir, "admin-address")
+	f := &Envoy{log: &logBuffer{}, exited: make(chan struct{})}
+	cmd := exec.Command(bin, "-c", cfgPath,
+		"--disable-hot-restart",
+		"--concurrency", "2",
+		"--file-flush-interval-msec", strconv.Itoa(int(accessLogFlush/time.Millisecond)),
+		"--admin-address-path", adminPath,
+		"--log-level", "warning",
+	)
+	// stdout carries the access log (the shipped stdout access logger),
+	// stderr Envoy's own log; both go into the dump of a failed test.
 	cmd.Stdout, cmd.Stderr = f.log, f.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -128,29 +76,112 @@ func startEnvoy(t testing.TB, bin string, bootstrap []byte, listenAddr, adminAdd
 	for {
 		select {
 		case <-f.exited:
-			return nil, errors.New("envoy exited during start-up")
+			return nil, fmt.Errorf("envoy exited during start-up:\n%s", f.log.String())
 		default:
 		}
-		resp, err := adminClient.Get("http://" + adminAddr + "/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK && testutil.WaitForTCP(listenAddr, time.Second) == nil {
-				return f, nil
-			}
-		}
-		if time.Now().After(deadline) {
+		if err := f.probe(adminPath); err == nil {
+			return f, nil
+		} else if time.Now().After(deadline) {
 			f.Close()
-			return nil, fmt.Errorf("envoy was not ready within %s", readyTimeout)
+			return nil, fmt.Errorf("envoy was not ready within %s: %v\n%s", readyTimeout, err, f.log.String())
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
-func (f *envoyFront) Addr() string { return f.listenAddr }
-func (f *envoyFront) Mode() string { return "real Envoy" }
-func (f *envoyFront) Log() string  { return f.log.String() }
+// probe learns the admin and listener addresses (once) and checks /ready.
+func (f *Envoy) probe(adminPath string) error {
+	if f.AdminAddr == "" {
+		b, err := os.ReadFile(adminPath)
+		if err != nil || len(strings.TrimSpace(string(b))) == 0 {
+			return errors.New("no admin address yet")
+		}
+		f.AdminAddr = strings.TrimSpace(string(b))
+	}
+	if f.ListenAddr == "" {
+		addr, err := f.listenerAddr(ingressListener)
+		if err != nil {
+			return err
+		}
+		f.ListenAddr = addr
+	}
+	code, body, err := f.Admin("/ready")
+	if err != nil {
+		return err
+	}
+	if code != http.StatusOK {
+		return fmt.Errorf("/ready answered %d %s", code, body)
+	}
+	return nil
+}
 
-func (f *envoyFront) Close() {
+// listenerAddr reads the bound address of listener name from the admin
+// /listeners?format=json.
+func (f *Envoy) listenerAddr(name string) (string, error) {
+	code, body, err := f.Admin("/listeners?format=json")
+	if err != nil {
+		return "", err
+	}
+	if code != http.StatusOK {
+		return "", fmt.Errorf("/listeners answered %d", code)
+	}
+	var ls struct {
+		ListenerStatuses []struct {
+			Name         string `json:"name"`
+			LocalAddress struct {
+				SocketAddress struct {
+					Address   string `json:"address"`
+					PortValue int    `json:"port_value"`
+				} `json:"socket_address"`
+			} `json:"local_address"`
+		} `json:"listener_statuses"`
+	}
+	if err := json.Unmarshal([]byte(body), &ls); err != nil {
+		return "", fmt.Errorf("bad /listeners answer: %w", err)
+	}
+	for _, l := range ls.ListenerStatuses {
+		if l.Name == name && l.LocalAddress.SocketAddress.PortValue != 0 {
+			sa := l.LocalAddress.SocketAddress
+			return net.JoinHostPort(sa.Address, strconv.Itoa(sa.PortValue)), nil
+		}
+	}
+	return "", fmt.Errorf("listener %q is not bound yet", name)
+}
+
+// Admin GETs path from the admin interface.
+func (f *Envoy) Admin(path string) (int, string, error) {
+	resp, err := adminClient.Get("http://" + f.AdminAddr + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// Stat reads one counter or gauge from the admin /stats (0 when absent).
+func (f *Envoy) Stat(name string) (int64, error) {
+	code, body, err := f.Admin("/stats?filter=^" + regexp.QuoteMeta(name) + "$")
+	if err != nil {
+		return 0, err
+	}
+	if code != http.StatusOK {
+		return 0, fmt.Errorf("/stats answered %d", code)
+	}
+	for _, line := range strings.Split(body, "\n") {
+		k, v, ok := strings.Cut(line, ": ")
+		if ok && k == name {
+			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, nil
+}
+
+// Log is everything Envoy wrote so far: its own log and the access log.
+func (f *Envoy) Log() string { return f.log.String() }
+
+// Close stops Envoy (SIGTERM, then SIGKILL).
+func (f *Envoy) Close() {
 	_ = f.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-f.exited:
@@ -166,18 +197,32 @@ func accessLogRequestID(userAgent string) *regexp.Regexp {
 	return regexp.MustCompile(`"` + regexp.QuoteMeta(userAgent) + `" "([^"]*)"`)
 }
 
-// RequestID reads the access log line of the request sent with resp's
-// unique User-Agent. Envoy flushes access logs about once a second.
-func (f *envoyFront) RequestID(resp *Response) (string, error) {
-	re := accessLogRequestID(resp.UserAgent)
+// AccessLogLine waits for the access log line of the request sent with the
+// unique User-Agent ua and returns it.
+func (f *Envoy) AccessLogLine(ua string) (string, error) {
+	re := regexp.MustCompile(`(?m)^.*"` + regexp.QuoteMeta(ua) + `".*$`)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if m := re.FindStringSubmatch(f.log.String()); m != nil {
-			return m[1], nil
+		if m := re.FindString(f.log.String()); m != "" {
+			return m, nil
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("no access log line for user-agent %s", resp.UserAgent)
+			return "", fmt.Errorf("no access log line for user-agent %s", ua)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(accessLogFlush)
 	}
+}
+
+// RequestID reads the x-request-id Envoy gave the request that got resp
+// from its access log line (each agent request has a unique User-Agent).
+func (f *Envoy) RequestID(resp *Response) (string, error) {
+	line, err := f.AccessLogLine(resp.UserAgent)
+	if err != nil {
+		return "", err
+	}
+	m := accessLogRequestID(resp.UserAgent).FindStringSubmatch(line)
+	if m == nil {
+		return "", fmt.Errorf("access log line has no x-request-id after the user-agent: %s", line)
+	}
+	return m[1], nil
 }

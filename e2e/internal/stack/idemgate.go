@@ -124,8 +124,10 @@ const (
 	extProcMessageTimeout = 4 * storeTimeout
 )
 
-// Environment variables the shipped idemgate.yaml reads its secrets from.
+// Environment variables the shipped idemgate.yaml reads its secrets from,
+// and the id of the one signing key.
 const (
+	signingKeyID   = "k1"
 	signingKeyEnv  = "IDEMGATE_KEY_K1"
 	postgresDSNEnv = "IDEMGATE_POSTGRES_DSN"
 )
@@ -263,6 +265,23 @@ func (g *Idemgate) Kill() {
 	g.cmd = nil
 }
 
+// Pause stops the process (SIGSTOP): its sockets stay open and nothing
+// answers, as a hung or overloaded server looks to Envoy. Resume continues it.
+func (g *Idemgate) Pause() error { return g.signal(syscall.SIGSTOP, "SIGSTOP") }
+
+// Resume continues a paused process (SIGCONT).
+func (g *Idemgate) Resume() error { return g.signal(syscall.SIGCONT, "SIGCONT") }
+
+func (g *Idemgate) signal(sig syscall.Signal, name string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cmd == nil {
+		return errors.New("idemgate is not running")
+	}
+	fmt.Fprintf(g.log, "=== e2e: %s at %s ===\n", name, time.Now().Format(time.RFC3339Nano))
+	return g.cmd.Process.Signal(sig)
+}
+
 // Stop sends SIGTERM and waits for the drain; SIGKILL if it takes too long.
 func (g *Idemgate) Stop() {
 	g.mu.Lock()
@@ -271,6 +290,7 @@ func (g *Idemgate) Stop() {
 		return
 	}
 	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	_ = g.cmd.Process.Signal(syscall.SIGCONT) // a paused process must run to drain
 	select {
 	case <-g.exited:
 	case <-time.After(20 * time.Second):
@@ -322,6 +342,32 @@ func (g *Idemgate) Metric(sample string) (float64, error) {
 		return strconv.ParseFloat(string(bytes.TrimSpace(value)), 64)
 	}
 	return 0, nil
+}
+
+// MetricSum adds up every sample of the metric family name (all label sets).
+func (g *Idemgate) MetricSum(name string) (float64, error) {
+	resp, err := adminClient.Get("http://" + g.AdminAddr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, line := range bytes.Split(body, []byte("\n")) {
+		sample, value, ok := bytes.Cut(line, []byte(" "))
+		if !ok || (string(sample) != name && !bytes.HasPrefix(sample, []byte(name+"{"))) {
+			continue
+		}
+		v, err := strconv.ParseFloat(string(bytes.TrimSpace(value)), 64)
+		if err != nil {
+			return 0, err
+		}
+		sum += v
+	}
+	return sum, nil
 }
 
 // Run runs a one-shot idemgate command (ops, migrate, ...) with the

@@ -5,6 +5,8 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // TCPProxy forwards loopback connections to a target address until it is
@@ -19,7 +21,14 @@ type TCPProxy struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
+
+	latency atomic.Int64 // nanoseconds added before each client→target chunk
 }
+
+// SetLatency delays every chunk the client sends by d (0: none), so each
+// query round trip to the target takes at least d: a slow store, without
+// touching the shared server.
+func (p *TCPProxy) SetLatency(d time.Duration) { p.latency.Store(int64(d)) }
 
 // StartTCPProxy listens on a free loopback port and forwards to target.
 func StartTCPProxy(target string) (*TCPProxy, error) {
@@ -115,7 +124,24 @@ func (p *TCPProxy) forward(client net.Conn) {
 		_, _ = io.Copy(dst, src)
 		done <- struct{}{}
 	}
-	go pipe(server, client)
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := client.Read(buf)
+			if n > 0 {
+				if d := time.Duration(p.latency.Load()); d > 0 {
+					time.Sleep(d)
+				}
+				if _, werr := server.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		done <- struct{}{}
+	}()
 	go pipe(client, server)
 	<-done
 	// One side ended: end both, so the other copy returns too.

@@ -1,7 +1,7 @@
 // Package stack brings up one complete idemgate deployment for one
 // end-to-end test, all on loopback and all owned by the test:
 //
-//	agent ─▶ front (envoysim harness, or Envoy when ENVOY_BIN is set)
+//	agent ─▶ Envoy (the pinned binary, child process)
 //	           │ ext_proc gRPC          │ HTTP
 //	           ▼                        ▼
 //	        idemgate (child process)   Upstream recorder ─▶ payments (in-process)
@@ -10,14 +10,15 @@
 //	  redis-server      PostgreSQL database (fresh, dropped afterwards;
 //	  (test-owned)      optionally behind a TCP proxy the test can cut)
 //
-// The front runs the shipped envoy/envoy.yaml and idemgate a config derived
+// Envoy runs the shipped envoy/envoy.yaml and idemgate a config derived
 // from the shipped envoy/idemgate.yaml: only addresses, TTLs, the log format
-// and the test's tweaks differ. Logs of idemgate and the front are kept and
+// and the test's tweaks differ. Logs of idemgate and Envoy are kept and
 // printed only when the test fails. A data race reported by a race-built
 // idemgate fails the test.
 package stack
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/e2e/payments"
+	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testutil"
 )
 
@@ -52,6 +54,13 @@ type Options struct {
 	ConfirmRouteTimeout time.Duration
 	// PostgresThroughProxy puts a TCPProxy between idemgate and PostgreSQL.
 	PostgresThroughProxy bool
+	// MessageTimeout replaces ext_proc's message_timeout when > 0 (the
+	// stack's default is extProcMessageTimeout).
+	MessageTimeout time.Duration
+	// WithoutPathNormalisation turns off envoy.yaml's normalize_path,
+	// merge_slashes and path_with_escaped_slashes_action: only to show what
+	// they prevent.
+	WithoutPathNormalisation bool
 }
 
 // Stack is one running deployment.
@@ -67,11 +76,13 @@ type Stack struct {
 	PGProxy *TCPProxy
 	// DSN reaches the test database directly (never through PGProxy).
 	DSN string
-	// Bootstrap is the edited envoy.yaml the front runs.
+	// Bootstrap is the edited envoy.yaml Envoy runs.
 	Bootstrap []byte
+	// Envoy is the front.
+	Envoy *Envoy
 
-	front  front
-	client *http.Client
+	client     *http.Client
+	signingKey string
 
 	poolOnce sync.Once
 	pool     *pgxpool.Pool
@@ -114,6 +125,7 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.signingKey = key
 	dir := t.TempDir()
 	g := &Idemgate{
 		bin:        env.IdemgateBin,
@@ -145,28 +157,24 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		t.Fatalf("idemgate did not start: %v\n%s", err, g.Log())
 	}
 
-	listen, admin := "", ""
-	if env.EnvoyBin != "" {
-		listen, admin = freeAddr(t), freeAddr(t)
-	}
 	s.Bootstrap, err = renderBootstrap(bootstrapEdits{
-		listenAddr: listen, adminAddr: admin,
+		// Port 0: the kernel picks, nothing can take the port between the
+		// choice and the bind (startEnvoy reads the bound ports back).
+		listenAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0",
 		clusters:            map[string]string{"idemgate": g.GRPCAddr, "payments": paymentsAddr},
 		confirmRouteTimeout: opts.ConfirmRouteTimeout,
-		messageTimeout:      extProcMessageTimeout,
+		messageTimeout:      cmp.Or(opts.MessageTimeout, extProcMessageTimeout),
+		confirmRetryOn:      confirmRetryOn(opts),
+		rawPaths:            opts.WithoutPathNormalisation,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if env.EnvoyBin != "" {
-		s.front, err = startEnvoy(t, env.EnvoyBin, s.Bootstrap, listen, admin)
-	} else {
-		s.front, err = startHarness(s.Bootstrap)
-	}
+	s.Envoy, err = startEnvoy(t, env.EnvoyBin, s.Bootstrap)
 	if err != nil {
-		t.Fatalf("the front did not start: %v", err)
+		t.Fatalf("envoy did not start: %v", err)
 	}
-	t.Cleanup(s.front.Close)
+	t.Cleanup(s.Envoy.Close)
 
 	s.client = &http.Client{
 		Timeout: 60 * time.Second,
@@ -177,6 +185,19 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 	}
 	t.Cleanup(s.client.CloseIdleConnections)
 	return s
+}
+
+// confirmRetryOn is the confirm route's retry_on for the deployment. The
+// shipped envoy.yaml retries a reset confirm, which is safe only because
+// the retry carries the same Idempotency-Key and the downstream
+// deduplicates it; a downstream that ignores keys would execute the retry
+// a second time (the contract tests saw it pay twice), so that deployment
+// retries connection failures only, as envoy.yaml's comment says.
+func confirmRetryOn(opts Options) string {
+	if opts.DownstreamIgnoresKeys {
+		return "connect-failure"
+	}
+	return ""
 }
 
 // serveUpstream serves the Upstream recorder on a loopback port.
@@ -220,11 +241,8 @@ func proxiedDSN(dsn string, start func(target string) (string, error)) (string, 
 	return prefix + userinfo + "@" + addr + "/" + path, nil
 }
 
-// Mode says which front runs: "envoysim harness" or "real Envoy".
-func (s *Stack) Mode() string { return s.front.Mode() }
-
-// URL is the front's base URL.
-func (s *Stack) URL() string { return "http://" + s.front.Addr() }
+// URL is Envoy's base URL.
+func (s *Stack) URL() string { return "http://" + s.Envoy.ListenAddr }
 
 // Agent returns an agent client for user.
 func (s *Stack) Agent(user string) *Agent {
@@ -241,9 +259,22 @@ func (s *Stack) AnonymousAgent() *Agent {
 	return &Agent{User: "", base: s.URL(), client: s.client}
 }
 
-// RequestID is the x-request-id the front gave the request that got resp
-// (a local reply: every idemgate envelope is one).
-func (s *Stack) RequestID(resp *Response) (string, error) { return s.front.RequestID(resp) }
+// RequestID is the x-request-id Envoy gave the request that got resp.
+func (s *Stack) RequestID(resp *Response) (string, error) { return s.Envoy.RequestID(resp) }
+
+// SubjectTag is the keyed tag idemgate computes for subject (the "u" claim,
+// the subject_tag of security events) under the stack's signing key k1.
+func (s *Stack) SubjectTag(subject string) (string, error) {
+	raw, err := fingerprint.ParseKey(s.signingKey)
+	if err != nil {
+		return "", err
+	}
+	ring, err := fingerprint.NewKeyRing(signingKeyID, map[string][]byte{signingKeyID: raw})
+	if err != nil {
+		return "", err
+	}
+	return ring.SubjectTag(signingKeyID, subject)
+}
 
 // RedisClient returns a client of the test-owned Redis, closed at cleanup.
 func (s *Stack) RedisClient() *goredis.Client {
@@ -339,7 +370,7 @@ func (s *Stack) RowsOf(nonce string) (int, error) {
 	return n, err
 }
 
-// dumpLogsOnFailure prints the logs of idemgate and the front when the test
+// dumpLogsOnFailure prints the logs of idemgate and Envoy when the test
 // failed, and nothing otherwise.
 func (s *Stack) dumpLogsOnFailure() {
 	if !s.t.Failed() {
@@ -348,8 +379,8 @@ func (s *Stack) dumpLogsOnFailure() {
 	if s.Idemgate != nil {
 		s.t.Logf("---- idemgate log ----\n%s", s.Idemgate.Log())
 	}
-	if s.front != nil {
-		s.t.Logf("---- %s log ----\n%s", s.front.Mode(), s.front.Log())
+	if s.Envoy != nil {
+		s.t.Logf("---- Envoy log ----\n%s", s.Envoy.Log())
 	}
 	if s.Payments != nil {
 		st := s.Payments.Stats()

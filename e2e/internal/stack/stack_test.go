@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"io"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,7 +20,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
 
-	"github.com/idemgate/idemgate/e2e/envoysim"
 	"github.com/idemgate/idemgate/envoy"
 	"github.com/idemgate/idemgate/extproc/config"
 )
@@ -96,8 +98,8 @@ func TestIdemgateConfigIsTheShippedOne(t *testing.T) {
 
 // TestBootstrapEdits: the edited envoy.yaml points the listener, the admin
 // port and both clusters at the given addresses, changes only the confirm
-// route's timeout and ext_proc's message_timeout, and the harness accepts
-// it as it accepts the shipped file.
+// route's timeout and ext_proc's message_timeout, and the pinned Envoy
+// accepts it (--mode validate) as it accepts the shipped file.
 func TestBootstrapEdits(t *testing.T) {
 	out, err := renderBootstrap(bootstrapEdits{
 		listenAddr: "127.0.0.1:2001", adminAddr: "127.0.0.1:2002",
@@ -149,21 +151,44 @@ func TestBootstrapEdits(t *testing.T) {
 	}
 	require.True(t, found)
 
-	cfg, err := envoysim.FromBootstrap(out, nil, "127.0.0.1:0")
+	// The retry and path edits, for the tests that need them.
+	edited, err := renderBootstrap(bootstrapEdits{confirmRetryOn: "connect-failure", rawPaths: true})
 	require.NoError(t, err)
-	require.Equal(t, "127.0.0.1:2003", cfg.Clusters["idemgate"].Address)
-	require.Equal(t, 8*time.Second, *cfg.ExtProc.MessageTimeout)
+	js, err = yaml.YAMLToJSON(edited)
+	require.NoError(t, err)
+	var ebs bootstrapv3.Bootstrap
+	require.NoError(t, protojson.Unmarshal(js, &ebs))
+	var eh hcmv3.HttpConnectionManager
+	require.NoError(t, ebs.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&eh))
+	require.False(t, eh.GetNormalizePath().GetValue())
+	require.False(t, eh.GetMergeSlashes())
+	require.True(t, h.GetNormalizePath().GetValue(), "as shipped, paths are normalised")
+	for _, r := range eh.GetRouteConfig().GetVirtualHosts()[0].GetRoutes() {
+		if r.GetName() == confirmRouteName {
+			require.Equal(t, "connect-failure", r.GetRoute().GetRetryPolicy().GetRetryOn())
+		}
+	}
 
-	// Without edits the shipped values stay.
+	// Envoy itself accepts the edited file (and the unedited one).
+	requireEnvoyValidates(t, out)
 	out, err = renderBootstrap(bootstrapEdits{})
 	require.NoError(t, err)
-	cfg, err = envoysim.FromBootstrap(out, nil, "")
-	require.NoError(t, err)
-	require.Equal(t, time.Second, *cfg.ExtProc.MessageTimeout)
-	require.Equal(t, "127.0.0.1:50051", cfg.Clusters["idemgate"].Address)
+	requireEnvoyValidates(t, out)
 
 	_, err = renderBootstrap(bootstrapEdits{clusters: map[string]string{"nope": "127.0.0.1:1"}})
 	require.ErrorContains(t, err, `no cluster "nope"`)
+}
+
+// requireEnvoyValidates runs `envoy --mode validate` on bootstrap. No Envoy
+// is a failure (FindEnvoy says how to install it), never a skip.
+func requireEnvoyValidates(t *testing.T, bootstrap []byte) {
+	t.Helper()
+	bin, err := FindEnvoy()
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "envoy.yaml")
+	require.NoError(t, os.WriteFile(path, bootstrap, 0o600))
+	out, err := exec.Command(bin, "--mode", "validate", "-c", path, "--disable-hot-restart", "--log-level", "warning").CombinedOutput()
+	require.NoError(t, err, "envoy --mode validate refused the bootstrap:\n%s", out)
 }
 
 // TestAccessLogRequestID reads x-request-id from a line in Envoy's default

@@ -15,10 +15,18 @@ import (
 // confirmPath is the upstream path of confirms in the shipped configs.
 const confirmPath = "/v1/transfers/confirm"
 
-// UpstreamConfirm is one confirm request as it reached the upstream.
+// UpstreamConfirm is one confirm request as it reached the upstream's
+// confirm handler.
 type UpstreamConfirm struct {
+	// RequestURI is the request target as Envoy sent it (before Go's
+	// ServeMux cleaned it).
+	RequestURI string
 	// IdempotencyKey is the header as the upstream saw it ("" if absent).
 	IdempotencyKey string
+	// RequestID and Subject are Envoy's x-request-id and the
+	// x-idemgate-subject values Envoy forwarded.
+	RequestID string
+	Subject   []string
 	// Status and Body are what the upstream wrote, whether or not anybody
 	// was still listening (a front that timed out, an idemgate that died).
 	Status int
@@ -35,10 +43,24 @@ type UpstreamConfirm struct {
 type Upstream struct {
 	Payments *payments.Server
 
+	muxOnce sync.Once
+	mux     *http.ServeMux
+
 	mu       sync.Mutex
+	requests []UpstreamRequest
 	confirms []UpstreamConfirm
 	holds    []*Hold // waiting for a confirm
 	allHolds []*Hold
+	resets   int // confirms still to reset before payments sees them
+}
+
+// ResetNextConfirms makes the next n confirms that reach the upstream end in
+// a TCP reset before payments is called: nothing executes, and nobody
+// downstream can know that.
+func (u *Upstream) ResetNextConfirms(n int) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.resets = n
 }
 
 // Hold is a confirm the upstream received and keeps waiting until the test
@@ -101,19 +123,68 @@ func (u *Upstream) Confirms() []UpstreamConfirm {
 	return out
 }
 
+// UpstreamRequest is any request that reached the upstream, as Envoy sent it.
+type UpstreamRequest struct {
+	Method, RequestURI string
+	// Confirm says Go's ServeMux routed it to the confirm handler.
+	Confirm bool
+}
+
+// Requests returns every request that reached the upstream so far.
+func (u *Upstream) Requests() []UpstreamRequest {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]UpstreamRequest(nil), u.requests...)
+}
+
+// ServeHTTP routes with a ServeMux that has payments' confirm pattern, so a
+// request counts as a confirm exactly when Go's ServeMux (payments' router)
+// would run the confirm handler for it: after its own path cleaning and
+// unescaping, whatever spelling Envoy forwarded.
 func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost || r.URL.Path != confirmPath {
-		u.Payments.ServeHTTP(w, r)
-		return
-	}
+	u.muxOnce.Do(func() {
+		u.mux = http.NewServeMux()
+		u.mux.HandleFunc("POST "+confirmPath, u.serveConfirm)
+		u.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+			u.mu.Lock()
+			u.requests = append(u.requests, UpstreamRequest{Method: r.Method, RequestURI: r.RequestURI})
+			u.mu.Unlock()
+			u.Payments.ServeHTTP(w, r)
+		})
+	})
+	u.mux.ServeHTTP(w, r)
+}
+
+func (u *Upstream) serveConfirm(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	idx := len(u.confirms)
-	u.confirms = append(u.confirms, UpstreamConfirm{IdempotencyKey: r.Header.Get(payments.IdempotencyKeyHeader), At: time.Now()})
+	u.requests = append(u.requests, UpstreamRequest{Method: r.Method, RequestURI: r.RequestURI, Confirm: true})
+	u.confirms = append(u.confirms, UpstreamConfirm{
+		RequestURI:     r.RequestURI,
+		IdempotencyKey: r.Header.Get(payments.IdempotencyKeyHeader),
+		RequestID:      r.Header.Get("X-Request-Id"),
+		Subject:        r.Header.Values("X-Idemgate-Subject"),
+		At:             time.Now(),
+	})
 	var hold *Hold
 	if len(u.holds) > 0 {
 		hold, u.holds = u.holds[0], u.holds[1:]
 	}
+	reset := u.resets > 0
+	if reset {
+		u.resets--
+	}
 	u.mu.Unlock()
+
+	if reset {
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			if tcp, ok := c.(*net.TCPConn); ok {
+				_ = tcp.SetLinger(0) // RST, not FIN
+			}
+			_ = c.Close()
+		}
+		return
+	}
 
 	if hold != nil {
 		hold.key = r.Header.Get(payments.IdempotencyKeyHeader)

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idemgate/idemgate/e2e/demoauth"
+	"github.com/idemgate/idemgate/extproc/config"
+	"github.com/idemgate/idemgate/fingerprint"
+)
+
+const (
+	// demoTokenTTL is how long the printed JWTs stay valid.
+	demoTokenTTL = 8 * time.Hour
+	// demoExpiredBy is how long before the demo's start the printed expired
+	// fingerprint expired.
+	demoExpiredBy = time.Minute
+
+	// demoTransfer is the transfer every printed command moves: amount,
+	// currency and payee.account_id are the operation's bound params; memo
+	// is free text that an agent may reword between calls.
+	demoTransfer = `{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_7731","name":"Carol"},"memo":"rent for May"}`
+
+	// fingerprintSed prints the value of the first "fingerprint" member of
+	// the JSON on its input (curl -i output of a preview): POSIX sed, so the
+	// demo needs no jq. Base64url and "." never contain a quote.
+	fingerprintSed = `sed -n 's/.*"fingerprint" *: *"\([^"]*\)".*/\1/p'`
+)
+
+// scriptInfo is what the printed script names: where each part of the
+// running demo is, and the config idemgate serves.
+type scriptInfo struct {
+	rt                      *config.Runtime
+	keySource               string
+	envoyVersion, envoyBin  string
+	frontURL, envoyAdminURL string
+	grpcAddr, idemgateAdmin string
+	paymentsURL             string
+}
+
+// demoScript is what the demo prints: a banner and the commands, all of it
+// a POSIX sh script (the banner is comments) that needs only curl.
+func demoScript(st scriptInfo, now time.Time) (string, error) {
+	alice, err := demoauth.Mint("alice", demoTokenTTL, now)
+	if err != nil {
+		return "", err
+	}
+	bob, err := demoauth.Mint("bob", demoTokenTTL, now)
+	if err != nil {
+		return "", err
+	}
+	expired, err := expiredFingerprint(st.rt, "alice", now.Add(-demoExpiredBy))
+	if err != nil {
+		return "", err
+	}
+	fpTTL := shortDuration(st.rt.TTL.Fingerprint)
+
+	var b strings.Builder
+	line := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	line("# idemgate demo: a real Envoy %s in front of idemgate and a demo payments API.", st.envoyVersion)
+	line("#   Envoy (envoy/envoy.yaml: jwt_authn, ext_proc, router)  %s   <- send requests here (admin: %s)", st.frontURL, st.envoyAdminURL)
+	line("#   idemgate serve, memory store (ext_proc gRPC)            %s (admin: http://%s/metrics)", st.grpcAddr, st.idemgateAdmin)
+	line("#   demo payments API (the upstream)                        %s", st.paymentsURL)
+	line("#   Envoy binary: %s", st.envoyBin)
+	line("#   fingerprint signing key: %s", st.keySource)
+	line("# Logs (Envoy's access log and idemgate's event=security_alert lines included) go to stderr. Ctrl-C or SIGTERM stops all three.")
+	line("#")
+	line("# Paste what follows into another shell: POSIX sh and curl, no jq. Run the steps in order.")
+	line("")
+	line("GW=%s", st.frontURL)
+	line("# JWTs for the demo users alice and bob (ES256, demo-only key of e2e/demoauth), valid until %s.", now.Add(demoTokenTTL).UTC().Format(time.RFC3339))
+	line("ALICE=%s", alice)
+	line("BOB=%s", bob)
+	line("# For step 6: a fingerprint for alice and this same transfer, signed by the demo with this run's key but expired %s before it started,", shortDuration(demoExpiredBy))
+	line("# i.e. a preview older than ttl.fingerprint (%s); the demo mints it so that step 6 needs no %s wait.", fpTTL, fpTTL)
+	line("EXPIRED_FP=%s", expired)
+	line("")
+	line("# 1. Preview as alice: the payments API quotes; idemgate adds \"fingerprint\" and \"fingerprint_expires_at\" (now + %s) to the body and an Idempotency-Fingerprint header. Expect 200; nothing stored, nothing executed.", fpTTL)
+	line(`PREVIEW=$(%s); printf '%%s\n' "$PREVIEW"`, demoCurl("preview", "$ALICE", "", "'"+demoTransfer+"'"))
+	line("# Keep the fingerprint for the next steps (plain sed); expect FP= followed by the token.")
+	line(`FP=$(printf '%%s\n' "$PREVIEW" | %s); echo "FP=$FP"`, fingerprintSed)
+	line("")
+	line("# 2. Confirm as alice with the fingerprint and the same params: idemgate acquires the fingerprint's nonce and sends it to the payments API as Idempotency-Key (3a and 8 show it). Expect 200 \"status\":\"completed\" and a transfer_id (tr_000001 on the first pass): executed once.")
+	line("%s", demoCurl("confirm", "$ALICE", "", withFingerprint(demoTransfer)))
+	line("")
+	line("# 3a. Retry the same confirm (an agent that lost the answer): expect 200 \"status\":\"already_completed\" with the original result, Idempotent-Replayed: true and the Idempotency-Key idemgate used; the payments API is not called.")
+	line("%s", demoCurl("confirm", "$ALICE", "", withFingerprint(demoTransfer)))
+	line("# 3b. Retry with the free-text memo reworded (memo is not a bound param): expect the same already_completed replay, still no second execution.")
+	line("%s", demoCurl("confirm", "$ALICE", "", withFingerprint(strings.Replace(demoTransfer, `"rent for May"`, `"May rent, as agreed with Carol"`, 1))))
+	line("")
+	line("# 4. Ask the status tool (here the fingerprint travels in the Idempotency-Fingerprint header instead of the body): expect 200 \"status\":\"completed\" with the stored result.")
+	line("%s", demoCurl("status", "$ALICE", "$FP", "'{}'"))
+	line("")
+	line("# 5. Confirm with a drifted amount (2500.00 instead of 250.00): expect 422 \"status\":\"params_changed\", \"changed_fields\":[\"amount\"], and an event=security_alert line in the demo's log.")
+	line("%s", demoCurl("confirm", "$ALICE", "", withFingerprint(strings.Replace(demoTransfer, `"250.00"`, `"2500.00"`, 1))))
+	line("")
+	line("# 6. Confirm with the expired fingerprint (EXPIRED_FP above): expect 410 \"status\":\"fingerprint_expired\" (preview again, ask the user again).")
+	line("%s", demoCurl("confirm", "$ALICE", "", `'{"fingerprint":"'"$EXPIRED_FP"'",`+demoTransfer[1:]+`'`))
+	line("")
+	line("# 7. bob presents alice's fingerprint: expect 403 \"status\":\"fingerprint_subject_mismatch\" and another event=security_alert line.")
+	line("%s", demoCurl("confirm", "$BOB", "", withFingerprint(demoTransfer)))
+	line("")
+	line("# 8. The payments API's counters (through the front's catch-all route, which skips idemgate): expect \"executions\":1 under the one Idempotency-Key idemgate set (each new pass from step 1 previews, and so moves, one more transfer).")
+	line(`curl -sS -w '\n' "$GW/_admin/stats"`)
+	return b.String(), nil
+}
+
+// shortDuration prints 15m rather than 15m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// demoCurl is one POST to an operation route of the front.
+func demoCurl(route, token, headerFingerprint, body string) string {
+	c := `curl -sS -i -w '\n' "$GW/v1/transfers/` + route + `" -H "Authorization: Bearer ` + token + `"`
+	if headerFingerprint != "" {
+		c += ` -H "Idempotency-Fingerprint: ` + headerFingerprint + `"`
+	}
+	return c + ` -H 'Content-Type: application/json' -d ` + body
+}
+
+// withFingerprint quotes a transfer for sh with "fingerprint":"$FP" first.
+func withFingerprint(transfer string) string {
+	return `'{"fingerprint":"'"$FP"'",` + transfer[1:] + `'`
+}
+
+// expiredFingerprint signs demoTransfer for subject with the demo's key and
+// an expiry in the past, as a preview would have signed it back then.
+func expiredFingerprint(rt *config.Runtime, subject string, exp time.Time) (string, error) {
+	target, _, ok := rt.Routes.Match(http.MethodPost, "/v1/transfers/preview")
+	if !ok {
+		return "", errors.New("envoy/idemgate.yaml has no operation previewed at POST /v1/transfers/preview")
+	}
+	op := target.Op
+	doc, err := fingerprint.ParseJSON([]byte(demoTransfer), rt.Limits.MaxJSONDepth)
+	if err != nil {
+		return "", fmt.Errorf("failed to parse the demo transfer: %w", err)
+	}
+	params, err := op.Selector.Select(doc, nil)
+	if err != nil {
+		return "", fmt.Errorf("failed to select the demo transfer's params: %w", err)
+	}
+	nonce, err := fingerprint.NewNonce()
+	if err != nil {
+		return "", err
+	}
+	token, _, err := rt.Keys.Sign(fingerprint.SignRequest{Subject: subject, Scope: op.Scope, Params: params, Nonce: nonce, Expiry: exp})
+	if err != nil {
+		return "", fmt.Errorf("failed to sign the expired fingerprint: %w", err)
+	}
+	return token, nil
+}

@@ -1,0 +1,4 @@
+package fingerprint
+
+// FoldKeyForTest exposes foldKey to the external tests.
+var FoldKeyForTest = foldKey
