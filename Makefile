@@ -14,6 +14,7 @@ TEST_ENV     := IDEMGATE_REQUIRE_SERVICES=1
 ENVOY_VERSION := $(shell cat .envoy-version)
 # ENVOY = the pinned Envoy's absolute path, installed into .envoy/ when missing.
 ENVOY         = $$(.ci/envoy.sh)
+STATICCHECK_VERSION := v0.8.2
 
 .DEFAULT_GOAL := help
 
@@ -56,9 +57,9 @@ test-short: ## Unit tests only (no services needed).
 	$(GO) test -short -count=1 $(GO_TEST_ARGS) ./...
 
 .PHONY: bench
-bench: services build ## Micro-benchmarks, then the ext_proc load benchmark that writes BENCHMARKS.md.
+bench: services envoy build ## Micro-benchmarks, then the load benchmarks (ext_proc level, then through the pinned Envoy) that write BENCHMARKS.md; about 10 minutes on 2 cores.
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 1s ./fingerprint/... ./state/... ./extproc/...
-	@if [ -d e2e/loadgen ]; then $(GO) run ./e2e/loadgen -out BENCHMARKS.md; else echo "load benchmark: not built yet"; fi
+	ENVOY_BIN=$(ENVOY) $(GO) run ./e2e/loadgen -out BENCHMARKS.md
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 60s); the binding rule's for BINDING_FUZZTIME (default 5m).
@@ -67,9 +68,14 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 60s); the binding rule's for
 	$(GO) test ./fingerprint -run '^$$' -fuzz '^FuzzBinding$$' -fuzztime $${BINDING_FUZZTIME:-5m}
 
 .PHONY: lint
-lint: ## go vet and a gofmt check.
+lint: ## go vet, gofmt, staticcheck (pinned) and `go mod tidy` leaving go.mod/go.sum unchanged.
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	GOFLAGS=-mod=mod $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	@tmp=$$(mktemp -d); cp go.mod go.sum "$$tmp"/; GOFLAGS=-mod=mod $(GO) mod tidy; \
+	 if ! cmp -s go.mod "$$tmp/go.mod" || ! cmp -s go.sum "$$tmp/go.sum"; then \
+	   echo "go mod tidy changed go.mod/go.sum: run it and commit the result"; cp "$$tmp"/go.mod "$$tmp"/go.sum .; rm -rf "$$tmp"; exit 1; fi; \
+	 rm -rf "$$tmp"
 
 .PHONY: check-config
 check-config: ## Validate every idemgate config shipped in the repository (secrets named, not read).

@@ -322,6 +322,7 @@ func (ex *exchange) replay(rec state.Record, nonce string) *extprocv3.Processing
 			name := lowerASCII(h.Name)
 			opt := setHeader(name, []byte(h.Value))
 			if seen[name] {
+				//lint:ignore SA1019 ext_proc's header mutations honour the deprecated append flag; it is what Envoy 1.40 reads there
 				opt.Append = wrapperspb.Bool(true) // repeated header: add, do not overwrite
 			}
 			seen[name] = true

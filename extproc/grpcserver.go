@@ -49,7 +49,21 @@ var ServiceName = extprocv3.ExternalProcessor_ServiceDesc.ServiceName
 // request fields idemgate never reads (see requestCodec), serving srv and
 // the standard health service hs (whose status the caller drives).
 func NewGRPCServer(srv *Server, hs *health.Server, extra ...grpc.ServerOption) *grpc.Server {
-	opts := []grpc.ServerOption{
+	opts := append(TransportOptions(srv.cfg.Subject.MetadataNamespace != ""), grpc.ChainStreamInterceptor(srv.recoverStream))
+	g := grpc.NewServer(append(opts, extra...)...)
+	extprocv3.RegisterExternalProcessorServer(g, srv)
+	healthpb.RegisterHealthServer(g, hs)
+	return g
+}
+
+// TransportOptions are the Envoy-facing server's transport settings
+// (keepalive, stream limit, message sizes, connection ageing, the lean codec
+// and the stream workers), without anything of idemgate's own. They are
+// exported so the load benchmark's no-op floor server runs on exactly the
+// same transport, and the ratio to it is idemgate's own cost; keepMetadata
+// is as for the codec.
+func TransportOptions(keepMetadata bool) []grpc.ServerOption {
+	return []grpc.ServerOption{
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time:                  keepaliveTime,
 			Timeout:               keepaliveTimeout,
@@ -63,14 +77,9 @@ func NewGRPCServer(srv *Server, hs *health.Server, extra ...grpc.ServerOption) *
 		grpc.MaxConcurrentStreams(maxConcurrentStreams),
 		grpc.MaxRecvMsgSize(maxReceiveMessageBytes),
 		grpc.MaxSendMsgSize(maxReceiveMessageBytes),
-		grpc.ChainStreamInterceptor(srv.recoverStream),
-		grpc.ForceServerCodecV2(newRequestCodec(srv.cfg.Subject.MetadataNamespace != "")),
+		grpc.ForceServerCodecV2(newRequestCodec(keepMetadata)),
 		grpc.NumStreamWorkers(streamWorkers()),
 	}
-	g := grpc.NewServer(append(opts, extra...)...)
-	extprocv3.RegisterExternalProcessorServer(g, srv)
-	healthpb.RegisterHealthServer(g, hs)
-	return g
 }
 
 // recoverStream is the safety net behind the per-message recovery in

@@ -471,6 +471,7 @@ func applyMutation(t testing.TB, hs map[string]string, m *extprocv3.HeaderMutati
 		require.Empty(t, s.GetHeader().GetValue(), "header %s set through value, Envoy reads raw_value only", s.GetHeader().GetKey())
 		k := s.GetHeader().GetKey()
 		v := string(s.GetHeader().GetRawValue())
+		//lint:ignore SA1019 the append flag is what idemgate sets (see confirm.go)
 		if s.GetAppend().GetValue() && hs[k] != "" {
 			hs[k] = hs[k] + "," + v
 			continue

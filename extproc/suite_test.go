@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/internal/testutil"
 	"github.com/idemgate/idemgate/state"
 )
 
@@ -493,6 +494,7 @@ func runSuite(t *testing.T, e *env, d dialer) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				t := testutil.OffTestGoroutine(t)
 				res := do(t, d, confirm(alice, transferBody(`21`, "EUR", "DE89", fp)), slow)
 				key := "executed"
 				if res.immediate != nil {

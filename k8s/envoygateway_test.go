@@ -177,8 +177,9 @@ func targetsOf(kind string, name string, refs egv1a1.PolicyTargetReferences) ([]
 		errs = append(errs, fmt.Errorf("%s %s uses targetSelectors: it would attach to whatever carries those labels", kind, name))
 	}
 	all := slices.Clone(refs.TargetRefs)
-	if refs.TargetRef != nil {
-		all = append(all, *refs.TargetRef)
+	//lint:ignore SA1019 a manifest may still use the deprecated singular form; it is checked like the rest
+	if ref := refs.TargetRef; ref != nil {
+		all = append(all, *ref)
 	}
 	var out []string
 	for _, r := range all {
@@ -400,6 +401,7 @@ func checkEGExtProcBackend(m *egManifests) error {
 		return errors.New("want exactly one EnvoyExtensionPolicy with exactly one extProc")
 	}
 	ep := &m.extensions[0].Spec.ExtProc[0]
+	//lint:ignore SA1019 the deprecated singular backendRef must be absent
 	if len(ep.BackendRefs) != 1 || ep.BackendRef != nil {
 		return errors.New("extProc must name exactly one backend in backendRefs")
 	}

@@ -127,10 +127,14 @@ func (d *runningDemo) stop(t *testing.T) error {
 	}
 }
 
-// requireCurl skips the test when curl, which the printed commands use, is missing.
+// requireCurl needs curl, which the printed commands use: missing, the test
+// fails under IDEMGATE_REQUIRE_SERVICES (make test, CI) and skips otherwise.
 func requireCurl(t *testing.T) {
 	t.Helper()
 	if _, err := exec.LookPath("curl"); err != nil {
+		if os.Getenv("IDEMGATE_REQUIRE_SERVICES") != "" {
+			t.Fatal("curl is required (the demo's printed commands are curl commands): apt-get install -y curl")
+		}
 		t.Skip("skipping: curl is not installed, and the demo's printed commands are curl commands")
 	}
 }

@@ -35,7 +35,11 @@ func requireJWKSKey(t *testing.T) *ecdsa.PublicKey {
 	require.NoError(t, err)
 	y, err := base64.RawURLEncoding.DecodeString(k.Y)
 	require.NoError(t, err)
-	return &ecdsa.PublicKey{Curve: elliptic.P256(), X: new(big.Int).SetBytes(x), Y: new(big.Int).SetBytes(y)}
+	require.Len(t, x, 32)
+	require.Len(t, y, 32)
+	pub, err := ecdsa.ParseUncompressedPublicKey(elliptic.P256(), append(append([]byte{4}, x...), y...))
+	require.NoError(t, err)
+	return pub
 }
 
 func TestMintVerifiesAgainstJWKS(t *testing.T) {

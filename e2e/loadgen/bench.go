@@ -62,7 +62,7 @@ func expectReplay(o driver.Outcome) bool {
 }
 
 var scenarioDescriptions = map[string]string{
-	scFloor:           "the protocol floor: a no-op ext_proc server built into the load tool, answering CONTINUE to every message (4 messages per request), sent preview-shaped requests.",
+	scFloor:           "the protocol floor: a no-op ext_proc server built into the load tool on idemgate's own gRPC transport (extproc.TransportOptions: stream workers, the lean codec, keepalive, limits), answering CONTINUE to every message (4 messages per request), sent preview-shaped requests.",
 	scPreview:         "idemgate on the preview route: parse the request body, select and hash the params, sign a fingerprint and inject it into the upstream's quote JSON (no store call). Expected outcome: 200 with the response body replaced.",
 	scReplay:          "idemgate answering confirms already DONE (a pool of fingerprints completed beforehand, reused round-robin): verify, acquire → DONE, ImmediateResponse with the original 200 after the request body (2 messages per request). Tiered store.",
 	scIOFloor:         "the I/O floor: a server built into the load tool making, per confirm, exactly the store round trips a first-time confirm needs — an acquire-like EVALSHA and a PostgreSQL INSERT at the request body, a PostgreSQL UPDATE and a complete-like EVALSHA at the response body — with pgx's and go-redis's default pools, CONTINUE to every message.",
@@ -110,11 +110,19 @@ func (b *bench) run(ctx context.Context) (string, error) {
 		var err error
 		switch s {
 		case scFloor:
-			err = b.runFloor(ctx)
+			if b.interleaved() {
+				err = b.runRotated(ctx)
+			} else {
+				err = b.runFloor(ctx)
+			}
 		case scPreview:
-			err = b.runPreview(ctx)
+			if !b.interleaved() {
+				err = b.runPreview(ctx)
+			}
 		case scReplay:
-			err = b.runReplay(ctx)
+			if !b.interleaved() {
+				err = b.runReplay(ctx)
+			}
 		case scIOFloor:
 			err = b.runIOFloor(ctx)
 		case scConfirmTiered, scConfirmPostgres:
@@ -129,6 +137,14 @@ func (b *bench) run(ctx context.Context) (string, error) {
 			// One scenario failing does not lose the others' figures.
 			b.log.Error("scenario failed", "scenario", s, "error", err)
 			b.skipRemaining(s, err.Error())
+		}
+	}
+	if o.envoyTable {
+		if err := b.runEnvoy(ctx); err != nil {
+			if ctx.Err() != nil {
+				return "", ctx.Err()
+			}
+			b.log.Error("the through-Envoy benchmark failed", "error", err)
 		}
 	}
 	b.finishReport()
@@ -185,7 +201,7 @@ func (b *bench) startStores(ctx context.Context) error {
 	}
 	b.redis = r
 	b.rep.Machine.Redis = r.version
-	db, err := createBenchDatabase(ctx, b.opts.pgAdminDSN)
+	db, err := createBenchDatabase(ctx, b.opts.pgAdminDSN, "idemgate_bench_")
 	if err != nil {
 		return err
 	}
@@ -308,9 +324,31 @@ func (b *bench) measure(ctx context.Context, spec cellSpec) error {
 }
 
 func (b *bench) measureCell(ctx context.Context, spec cellSpec, c int, src driver.Source) (*report.Figures, error) {
-	conns, err := driver.Dial(ctx, spec.addr, b.opts.conns)
+	res, profiled, err := b.runCell(ctx, spec, c, src, b.opts.duration)
 	if err != nil {
 		return nil, err
+	}
+	return cellFigures(res, profiled), nil
+}
+
+// cellFigures are a cell's figures with its notes.
+func cellFigures(res *driver.Result, profiled bool) *report.Figures {
+	fig := figuresOf(res)
+	if res.Exhausted {
+		fig.Note = fmt.Sprintf("source ran out after %s", res.Elapsed.Round(time.Millisecond))
+	}
+	if profiled {
+		fig.Note = strings.TrimPrefix(fig.Note+"; profiled", "; ")
+	}
+	return fig
+}
+
+// runCell measures one server at concurrency c for duration (after the
+// warm-up) on fresh connections.
+func (b *bench) runCell(ctx context.Context, spec cellSpec, c int, src driver.Source, duration time.Duration) (*driver.Result, bool, error) {
+	conns, err := driver.Dial(ctx, spec.addr, b.opts.conns)
+	if err != nil {
+		return nil, false, err
 	}
 	defer conns.Close()
 	filter := driver.EnvoyFilter()
@@ -319,24 +357,17 @@ func (b *bench) measureCell(ctx context.Context, spec cellSpec, c int, src drive
 	prof := b.profiler(ctx, spec, c)
 	res, err := driver.Run{
 		Conns: conns, Filter: filter, Source: src, Concurrency: c,
-		Warmup: b.opts.warmup, Duration: b.opts.duration, Expect: spec.expect,
+		Warmup: b.opts.warmup, Duration: duration, Expect: spec.expect,
 		WindowStarted: prof.start,
 	}.Execute(ctx)
 	prof.wait()
 	if err != nil {
-		return nil, err
-	}
-	fig := figuresOf(res)
-	if res.Exhausted {
-		fig.Note = fmt.Sprintf("source ran out after %s", res.Elapsed.Round(time.Millisecond))
-	}
-	if prof.active {
-		fig.Note = strings.TrimPrefix(fig.Note+"; profiled", "; ")
+		return nil, false, err
 	}
 	if err := spec.server.checkAlive(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return fig, nil
+	return res, prof.active, nil
 }
 
 func figuresOf(res *driver.Result) *report.Figures {
@@ -655,13 +686,19 @@ func (b *bench) finishReport() {
 	}
 	b.rep.Settings = []string{
 		fmt.Sprintf("%s measured per cell after %s warm-up; closed loop: each of c workers sends its next request when the previous one ends.", o.duration, o.warmup),
+	}
+	if b.interleaved() {
+		b.rep.Settings = append(b.rep.Settings, fmt.Sprintf("floor, preview and replay run side by side (the floor and one idemgate on the tiered store) and are measured in %d rounds per concurrency of %s each (each after its own %s warm-up on new connections), the order rotated every round, so drift on a shared machine hits all three alike; their figures are over all rounds together.",
+			o.rounds, time.Duration(math.Ceil(float64(o.duration)/float64(o.rounds))).Round(time.Millisecond), o.warmup))
+	}
+	b.rep.Settings = append(b.rep.Settings, []string{
 		fmt.Sprintf("%d HTTP/2 connections per server (separate grpc.ClientConns), streams spread round-robin; Envoy's 256 MiB flow-control windows.", o.conns),
 		fmt.Sprintf("ext_proc filter as envoy/envoy.yaml: request/response headers SEND, bodies BUFFERED, trailers SKIP, allow_mode_override, message_timeout %s.", o.messageTimeout),
 		"Latency is per HTTP request end to end (stream open to the last reply), over every request completed inside the window, in a log-linear histogram (≤ 0.8 % error); ok req/s counts only those with the scenario's expected outcome, and the ratios use it.",
 		fmt.Sprintf("Count bound: at most %d req/s × (warm-up + duration) requests per cell; first-time confirm cells get 3 × the I/O floor's rate worth of minted fingerprints.", o.budgetRate),
 		"Errors: requests whose outcome is not the scenario's expected one (see Servers); outcomes list every result (local = a reply idemgate or Envoy wrote, not the upstream's).",
-		"Each server is a separate process (floors: this tool re-executed with -serve; idemgate: built once with go build ./cmd/idemgate), restarted per server with empty Redis and truncated tables.",
+		"Each server is a separate process (floors: this tool re-executed with -serve, on idemgate's gRPC server options; idemgate: built once with go build ./cmd/idemgate), started with empty Redis and truncated tables.",
 		"idemgate config: log level warn, store.timeout 250ms, the transfer operation of envoy/idemgate.yaml; the tool's own redis-server (no persistence); PostgreSQL database idemgate_bench_<pid>, dropped at the end.",
-	}
+	}...)
 	b.rep.Generated = time.Now()
 }

@@ -55,7 +55,12 @@ type idemgateSettings struct {
 	GRPCListen  string
 	AdminListen string
 	RedisAddr   string // empty: no Redis
-	PostgresDSN string // empty: no PostgreSQL (both empty: memory store)
+	KeyPrefix   string // of the Redis keys; empty: idem:
+	// StoreTimeout and RedisTimeout replace envoy/idemgate.yaml's 250ms and
+	// 50ms when set (the behaviour test on a busy machine).
+	StoreTimeout string
+	RedisTimeout string
+	PostgresDSN  string // empty: no PostgreSQL (both empty: memory store)
 }
 
 // The operation and limits mirror envoy/idemgate.yaml; the store is the
@@ -72,13 +77,13 @@ signing:
 subject:
   header: x-idemgate-subject
 store:
-  timeout: 250ms
+  timeout: {{if .StoreTimeout}}{{.StoreTimeout}}{{else}}250ms{{end}}
 {{- if .RedisAddr}}
   redis:
     addrs: ["{{.RedisAddr}}"]
     mode: single
-    key_prefix: "idem:"
-    timeout: 50ms
+    key_prefix: "{{if .KeyPrefix}}{{.KeyPrefix}}{{else}}idem:{{end}}"
+    timeout: {{if .RedisTimeout}}{{.RedisTimeout}}{{else}}50ms{{end}}
 {{- end}}
 {{- if .PostgresDSN}}
   postgres:

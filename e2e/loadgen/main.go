@@ -63,6 +63,7 @@ type options struct {
 	messageTimeout time.Duration
 	budgetRate     int
 	replayPool     int
+	rounds         int
 
 	memStreams int
 	memBody    int
@@ -76,6 +77,19 @@ type options struct {
 	idemgateBin string
 	redisServer string
 	pgAdminDSN  string
+
+	// The through-Envoy table.
+	envoyTable       bool
+	envoyBin         string
+	envoyRounds      int
+	envoyDuration    time.Duration
+	envoyWarmup      time.Duration
+	envoyRedis       string
+	envoyConfirmRate int
+	// envoyLenientStores (tests only) gives idemgate and the I/O floor
+	// longer store timeouts than shipped, for a behaviour check that must
+	// not fail when a busy machine delays Redis past 50 ms.
+	envoyLenientStores bool
 
 	serve serveOptions
 }
@@ -137,6 +151,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&scen, "scenarios", strings.Join(allScenarios, ","), "comma-separated scenarios: "+strings.Join(allScenarios, ","))
 	fs.DurationVar(&o.messageTimeout, "message-timeout", time.Second, "ext_proc message_timeout (envoy/envoy.yaml: 1s)")
 	fs.IntVar(&o.budgetRate, "budget-rate", 20000, "count bound: at most this many requests per second of warm-up+duration per cell")
+	fs.IntVar(&o.rounds, "rounds", 3, "floor, preview and replay (when all three run): this many rounds per concurrency, each -duration/rounds long, the order rotated each round")
 	fs.IntVar(&o.replayPool, "replay-pool", 1024, "fingerprints completed before the replay cells and reused round-robin")
 	fs.IntVar(&o.memStreams, "memory-streams", 5000, "concurrent open streams in the memory scenario")
 	fs.IntVar(&o.memBody, "memory-body", 2048, "request body bytes per stream in the memory scenario")
@@ -148,11 +163,20 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.idemgateBin, "idemgate", "", "use this idemgate binary instead of building ./cmd/idemgate")
 	fs.StringVar(&o.redisServer, "redis-server", "redis-server", "redis-server binary for the run's own Redis")
 	fs.StringVar(&o.pgAdminDSN, "pg", defaultAdminDSN(), "PostgreSQL DSN used to create and drop the run's database")
+	fs.BoolVar(&o.envoyTable, "envoy-table", true, "also measure through a real Envoy (the pinned one: ENVOY_BIN, or .ci/envoy.sh installs it)")
+	fs.StringVar(&o.envoyBin, "envoy", "", "Envoy binary for the through-Envoy table (default: $ENVOY_BIN, else .ci/envoy.sh)")
+	fs.IntVar(&o.envoyRounds, "envoy-rounds", 5, "through-Envoy rounds per concurrency (every column once per round, the order rotated)")
+	fs.DurationVar(&o.envoyDuration, "envoy-duration", 2*time.Second, "measured time per through-Envoy cell and round")
+	fs.DurationVar(&o.envoyWarmup, "envoy-warmup", 500*time.Millisecond, "unmeasured warm-up before each through-Envoy cell")
+	fs.StringVar(&o.envoyRedis, "envoy-redis", defaultSharedRedis(), "the shared Redis idemgate and the I/O floor use through Envoy (own key prefix, keys deleted at the end)")
+	fs.IntVar(&o.envoyConfirmRate, "envoy-confirm-rate", 3000, "fingerprints minted per second of warm-up+duration for each through-Envoy first-time confirm cell")
 	// Child mode: this binary as a floor server.
-	fs.StringVar(&o.serve.kind, "serve", "", "internal: run a floor server (noop|iofloor)")
+	fs.StringVar(&o.serve.kind, "serve", "", "internal: run a floor server or the upstream (noop|iofloor|upstream)")
 	fs.StringVar(&o.serve.listen, "listen", "127.0.0.1:0", "internal: -serve listen address")
 	fs.StringVar(&o.serve.redisAddr, "redis-addr", "", "internal: -serve iofloor Redis address")
+	fs.StringVar(&o.serve.redisPrefix, "redis-prefix", "iofloor:", "internal: -serve iofloor prefix of its Redis keys")
 	fs.StringVar(&o.serve.pgDSN, "pg-dsn", "", "internal: -serve iofloor PostgreSQL DSN")
+	fs.DurationVar(&o.serve.storeTimeout, "store-timeout", 0, "internal: -serve iofloor bound of each store call (default 250ms)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -188,6 +212,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.memStreams < 1 || o.memBody < 0 || o.memBody > 1<<20 {
 		problems = append(problems, errors.New("-memory-streams must be at least 1 and -memory-body within 0..1048576 (limits.max_body_bytes)"))
+	}
+	if o.envoyTable && (o.envoyRounds < 1 || o.envoyDuration <= 0 || o.envoyWarmup < 0 || o.envoyConfirmRate < 1) {
+		problems = append(problems, errors.New("-envoy-rounds and -envoy-confirm-rate must be at least 1, -envoy-duration positive and -envoy-warmup not negative"))
+	}
+	if o.rounds < 1 {
+		problems = append(problems, errors.New("-rounds must be at least 1"))
 	}
 	if o.budgetRate < 1 || o.replayPool < 1 {
 		problems = append(problems, errors.New("-budget-rate and -replay-pool must be at least 1"))

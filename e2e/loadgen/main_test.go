@@ -83,7 +83,7 @@ func servicesOrSkip(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		missing = append(missing, "redis-server")
 	}
-	db, err := createBenchDatabase(t.Context(), defaultAdminDSN())
+	db, err := createBenchDatabase(t.Context(), defaultAdminDSN(), "idemgate_bench_")
 	if err != nil {
 		missing = append(missing, "PostgreSQL ("+err.Error()+")")
 	} else {
@@ -106,12 +106,12 @@ func TestSmokeIdemgate(t *testing.T) {
 	require.NoError(t, err)
 	bin := filepath.Join(t.TempDir(), "idemgate")
 	if err := buildIdemgate(t.Context(), root, bin, idemgatePackage); err != nil {
-		t.Skipf("idemgate smoke test skipped: ./cmd/idemgate does not build yet: %v", err)
+		t.Fatalf("failed to build %s: %v", idemgatePackage, err)
 	}
 	servicesOrSkip(t)
 
 	b := newTestBench(t, "-idemgate", bin, "-concurrency", "4", "-duration", "1s", "-warmup", "200ms",
-		"-scenarios", "preview,replay,io-floor,confirm-tiered,confirm-postgres,memory",
+		"-scenarios", "floor,preview,replay,io-floor,confirm-tiered,confirm-postgres,memory", "-rounds", "2", "-envoy-table=false",
 		"-replay-pool", "64", "-memory-streams", "200", "-memory-body", "1024")
 	md, err := b.run(t.Context())
 	require.NoError(t, err)
@@ -128,7 +128,9 @@ func TestSmokeIdemgate(t *testing.T) {
 			t.Logf("%s: %d unexpected outcomes: %s", cell.Scenario, f.Errors, f.Outcomes)
 		}
 	}
-	require.Len(t, b.rep.Cells, 5)
+	require.Len(t, b.rep.Cells, 6)
+	require.True(t, b.interleaved(), "floor, preview and replay ran in rotated rounds")
+	require.Contains(t, md, "measured in 2 rounds per concurrency")
 	require.Len(t, b.rep.Memory, 2)
 	for _, m := range b.rep.Memory {
 		require.Empty(t, m.Skipped, m.Route)
@@ -156,6 +158,8 @@ func TestIdemgateConfigIsAcceptedByTheStrictLoader(t *testing.T) {
 		{"tiered", idemgateSettings{RedisAddr: "127.0.0.1:7000", PostgresDSN: "postgres://postgres@127.0.0.1:5432/idemgate_bench_1?sslmode=disable"}, true, true},
 		{"postgres", idemgateSettings{PostgresDSN: "postgres://postgres@127.0.0.1:5432/idemgate_bench_1?sslmode=disable"}, false, true},
 		{"memory", idemgateSettings{}, false, false},
+		{"tiered-lenient", idemgateSettings{RedisAddr: "127.0.0.1:6379", KeyPrefix: "idemgate-envoybench-1-ab:", StoreTimeout: "700ms", RedisTimeout: "300ms",
+			PostgresDSN: "postgres://postgres@127.0.0.1:5432/idemgate_envoybench_1?sslmode=disable"}, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.settings.GRPCListen, tc.settings.AdminListen = "127.0.0.1:50051", "127.0.0.1:9090"
@@ -268,6 +272,10 @@ func TestFlags(t *testing.T) {
 	require.Equal(t, 2, o.conns)
 	// The default run fits in the five minutes make bench allows: 18 cells.
 	require.LessOrEqual(t, 18*(o.duration+o.warmup), 150*time.Second)
+	// The through-Envoy table: 6 columns × 3 concurrencies × rounds, within
+	// five minutes too (make bench as a whole stays under 15 on 2 cores).
+	require.True(t, o.envoyTable)
+	require.LessOrEqual(t, time.Duration(6*3*o.envoyRounds)*(o.envoyDuration+o.envoyWarmup+200*time.Millisecond), 300*time.Second)
 
 	for _, tc := range []struct {
 		args []string
@@ -303,7 +311,7 @@ func TestProfilesThroughTheAdminServer(t *testing.T) {
 	require.NoError(t, err)
 	bin := filepath.Join(t.TempDir(), "idemgate")
 	if err := buildIdemgate(t.Context(), root, bin, idemgatePackage); err != nil {
-		t.Skipf("profiling test skipped: %s does not build yet: %v", idemgatePackage, err)
+		t.Fatalf("failed to build %s: %v", idemgatePackage, err)
 	}
 	dir := t.TempDir()
 	b := newTestBench(t, "-concurrency", "2", "-duration", "1s", "-cpuprofile", dir, "-memprofile", dir)

@@ -23,6 +23,16 @@ func defaultAdminDSN() string {
 	return "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 }
 
+// defaultSharedRedis is the machine's Redis the tests use
+// (IDEMGATE_TEST_REDIS_PORT as in .ci/services.sh).
+func defaultSharedRedis() string {
+	port := os.Getenv("IDEMGATE_TEST_REDIS_PORT")
+	if port == "" {
+		port = "6379"
+	}
+	return "127.0.0.1:" + port
+}
+
 // benchDatabase is the database this run creates on the shared server and
 // drops at the end.
 type benchDatabase struct {
@@ -32,7 +42,8 @@ type benchDatabase struct {
 	version  string
 }
 
-func createBenchDatabase(ctx context.Context, adminDSN string) (*benchDatabase, error) {
+// createBenchDatabase creates namePrefix<pid> (e.g. idemgate_bench_1234).
+func createBenchDatabase(ctx context.Context, adminDSN, namePrefix string) (*benchDatabase, error) {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, adminDSN)
@@ -40,7 +51,7 @@ func createBenchDatabase(ctx context.Context, adminDSN string) (*benchDatabase, 
 		return nil, fmt.Errorf("failed to connect to PostgreSQL: %w", err)
 	}
 	defer conn.Close(context.Background())
-	db := &benchDatabase{adminDSN: adminDSN, name: "idemgate_bench_" + strconv.Itoa(os.Getpid())}
+	db := &benchDatabase{adminDSN: adminDSN, name: namePrefix + strconv.Itoa(os.Getpid())}
 	if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&db.version); err != nil {
 		return nil, fmt.Errorf("failed to read the PostgreSQL version: %w", err)
 	}

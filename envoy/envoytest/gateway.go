@@ -14,7 +14,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	jwtauthnv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
-	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -275,12 +274,6 @@ func RouteTimeout(ra *routev3.RouteAction) time.Duration {
 		return 15 * time.Second
 	}
 	return ra.GetTimeout().AsDuration()
-}
-
-// isRouter reports whether a filter is the terminal router.
-func isRouter(f Filter) bool {
-	_, ok := f.Config.(*routerv3.Router)
-	return ok
 }
 
 // isHeaderMutation reports whether a filter is header_mutation.

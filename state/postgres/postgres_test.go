@@ -122,7 +122,6 @@ func TestSweepInBoundedBatchesKeepsUnresolved(t *testing.T) {
 	dsn := newDatabase(t)
 	s := newStore(t, dsn)
 	ctx := t.Context()
-	var terminal []string
 	for i := 0; i < 5; i++ {
 		key := statetest.NewKey(t)
 		a, err := s.Acquire(ctx, statetest.AcquireRequest(key, "o"))
@@ -131,7 +130,6 @@ func TestSweepInBoundedBatchesKeepsUnresolved(t *testing.T) {
 		c.Retention = time.Millisecond
 		d, err := s.Complete(ctx, state.Claim{Key: key, Owner: "o", Fence: 1}, c)
 		statetest.RequireOutcome(t, state.OutcomeOK, d, err)
-		terminal = append(terminal, key)
 	}
 	// An UNKNOWN record past its expiry waits for a person, not the sweeper.
 	unknown := statetest.NewKey(t)

@@ -89,7 +89,8 @@ type IO struct {
 	redis   *goredis.Client
 	pg      *pgxpool.Pool
 	timeout time.Duration
-	prefix  string
+	prefix  string // of the 32-character keys
+	keyPref string // of the Redis keys
 	seq     atomic.Uint64
 }
 
@@ -101,6 +102,9 @@ type IOOptions struct {
 	Postgres *pgxpool.Pool
 	// StoreTimeout bounds each store call (default 250ms, idemgate's default).
 	StoreTimeout time.Duration
+	// KeyPrefix starts every Redis key (default "iofloor:"): on a shared
+	// Redis the run's keys can be found and deleted afterwards.
+	KeyPrefix string
 }
 
 // NewIO creates the table if needed, loads both scripts (so every call is a
@@ -124,7 +128,10 @@ func NewIO(ctx context.Context, opts IOOptions) (*IO, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, fmt.Errorf("failed to create a key prefix: %w", err)
 	}
-	return &IO{redis: opts.Redis, pg: opts.Postgres, timeout: opts.StoreTimeout, prefix: hex.EncodeToString(b[:])}, nil
+	if opts.KeyPrefix == "" {
+		opts.KeyPrefix = "iofloor:"
+	}
+	return &IO{redis: opts.Redis, pg: opts.Postgres, timeout: opts.StoreTimeout, prefix: hex.EncodeToString(b[:]), keyPref: opts.KeyPrefix}, nil
 }
 
 // newKey returns a fresh 32-hex-character key (like a fingerprint nonce).
@@ -188,7 +195,7 @@ func (s *IO) storeContext(ctx context.Context) (context.Context, context.CancelF
 func (s *IO) acquire(ctx context.Context, key, owner string) error {
 	ctx, cancel := s.storeContext(ctx)
 	defer cancel()
-	res, err := acquireScript.Run(ctx, s.redis, []string{"iofloor:{" + key + "}"}, owner, ioParamHash, leaseMS).Text()
+	res, err := acquireScript.Run(ctx, s.redis, []string{s.keyPref + "{" + key + "}"}, owner, ioParamHash, leaseMS).Text()
 	if err != nil {
 		return fmt.Errorf("failed to run the acquire script: %w", err)
 	}
@@ -211,7 +218,7 @@ func (s *IO) complete(ctx context.Context, key, owner string, body []byte) error
 	if tag.RowsAffected() != 1 {
 		return fmt.Errorf("update touched %d rows", tag.RowsAffected())
 	}
-	res, err := completeScript.Run(ctx, s.redis, []string{"iofloor:{" + key + "}"}, owner, strconv.Itoa(200), body, retentionMS).Text()
+	res, err := completeScript.Run(ctx, s.redis, []string{s.keyPref + "{" + key + "}"}, owner, strconv.Itoa(200), body, retentionMS).Text()
 	if err != nil {
 		return fmt.Errorf("failed to run the complete script: %w", err)
 	}

@@ -20,6 +20,7 @@ type Machine struct {
 	Go        string
 	Redis     string
 	Postgres  string
+	Envoy     string // version (the .envoy-version pin), when Envoy ran
 	// LoadAverage is /proc/loadavg at the start of the run: other work on a
 	// shared machine shows here.
 	LoadAverage string
@@ -118,6 +119,9 @@ func (m Machine) writeMarkdown(b *strings.Builder) {
 	row("Go", m.Go)
 	row("Redis", m.Redis)
 	row("PostgreSQL", m.Postgres)
+	if m.Envoy != "" {
+		row("Envoy", m.Envoy)
+	}
 	row("load average at start", m.LoadAverage)
 	row("commit", m.Commit)
 }

@@ -157,3 +157,32 @@ func TestDurationFormatting(t *testing.T) {
 		require.Equal(t, tc.want, ms(tc.d))
 	}
 }
+
+func TestEnvoySectionComesFirst(t *testing.T) {
+	r := sampleReport()
+	r.Machine.Envoy = "1.40.0 (.envoy-version)"
+	r.Envoy = &EnvoyTable{
+		Version: "1.40.0", Intro: "through Envoy", Concurrencies: []int{64},
+		Columns: []Scenario{{Name: "envoy+noop", Description: "no-op"}, {Name: "envoy+preview", Description: "idemgate"}},
+		Cells: []Cell{
+			{Scenario: "envoy+noop", Concurrency: 64, Figures: figures(3000, 20*time.Millisecond)},
+			{Scenario: "envoy+preview", Concurrency: 64, Figures: figures(2850, 21*time.Millisecond)},
+		},
+		Ratios:   []Ratio{{Name: "envoy+preview / envoy+noop", Num: "envoy+preview", Den: "envoy+noop", Target: 0.90, TargetConcurrency: 64}},
+		CPURoles: []string{"Envoy", "ext_proc server"}, CPUConcurrency: 64, CPUBase: "envoy+noop",
+		CPU:         []CPURow{{Column: "envoy+noop", MicrosPerRequest: []float64{200, 60}}, {Column: "envoy+preview", MicrosPerRequest: []float64{240, 85}}},
+		Notes:       []string{"shared machine"},
+		RoundRatios: []RoundRatio{{Name: "envoy+preview / envoy+noop", PerConcurrency: map[int][]float64{64: {0.97, 0.88, 0.93, 0.91}}}},
+	}
+	md := r.Markdown()
+	require.Contains(t, md, "| envoy+preview / envoy+noop | 0.92 (0.88–0.97) |")
+	envoyAt, extprocAt := strings.Index(md, "## Through Envoy 1.40.0"), strings.Index(md, "## ext_proc level")
+	require.Positive(t, envoyAt)
+	require.Greater(t, extprocAt, envoyAt)
+	require.Contains(t, md, "| envoy+preview / envoy+noop | 0.95 | ≥ 0.90 at c=64 | yes |")
+	require.Contains(t, md, "| envoy+preview | 240 | 85 | 325 | 0.80 |")
+	require.Contains(t, md, "| Envoy | 1.40.0 (.envoy-version) |")
+	v, ok := r.Envoy.RatioAt(r.Envoy.Ratios[0], 64)
+	require.True(t, ok)
+	require.InDelta(t, 0.95, v, 1e-9)
+}

@@ -1,0 +1,664 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/e2e/demoauth"
+	"github.com/idemgate/idemgate/e2e/loadgen/report"
+)
+
+// The columns of the through-Envoy table, in the order of the report.
+const (
+	evPlain   = "envoy"
+	evNoop    = "envoy+noop"
+	evIO      = "envoy+io-floor"
+	evPreview = "envoy+preview"
+	evConfirm = "envoy+confirm-tiered"
+	evReplay  = "envoy+replay"
+)
+
+var envoyColumnDescriptions = map[string]string{
+	evPlain:   "(a) Envoy routing to the upstream with no ext_proc: the shipped envoy.yaml with the ext_proc filter taken out of the chain (header_mutation and jwt_authn stay). Preview requests.",
+	evNoop:    "(b) Envoy + a no-op ext_proc server (this tool with -serve noop, on idemgate's gRPC transport: extproc.TransportOptions) answering every message with an empty CONTINUE; the shipped filter config and body modes (4 messages per request). Preview requests.",
+	evIO:      "(b) plus the naive store round trips: Envoy + the I/O floor server (CONTINUE to everything, plus per request an acquire-like EVALSHA and a PostgreSQL INSERT at the request body, an UPDATE and a complete-like EVALSHA at the response body) on the same Redis and PostgreSQL as idemgate. Preview requests.",
+	evPreview: "(c) Envoy + idemgate, preview: idemgate signs a fingerprint into the upstream's quote (no store call). Expected: 200 with Idempotency-Fingerprint.",
+	evConfirm: "(c) Envoy + idemgate, first-time confirm on the tiered store (Redis + PostgreSQL): verify, acquire, the upstream called with Idempotency-Key, complete. Each request carries a distinct fingerprint minted with idemgate's key for the JWT's subject. Expected: 200 with the upstream's mark that it saw the key.",
+	evReplay:  "(c) Envoy + idemgate, replay: confirms of fingerprints already DONE (a pool confirmed through Envoy beforehand, reused round-robin): idemgate answers from the record after the request body, the upstream is not called. Expected: 200 with Idempotent-Replayed: true.",
+}
+
+// envoyColumns lists every column in report order.
+var envoyColumns = []string{evPlain, evNoop, evIO, evPreview, evConfirm, evReplay}
+
+// envoyBench is one through-Envoy run: the upstream, the ext_proc servers,
+// one Envoy per ext_proc target and the JWTs.
+type envoyBench struct {
+	b        *bench
+	bin      string
+	version  string
+	dir      string
+	redis    string // address of the shared Redis
+	rdb      *goredis.Client
+	prefix   string // of every Redis key this run writes there
+	db       *benchDatabase
+	upstream string // upstream address
+	children []*child
+	envoys   map[string]*envoyProcess // by column
+	idem     *idemgateProcess
+	tokens   []string // bearer JWT per subject index
+	replay   []confirmItem
+
+	table      *report.EnvoyTable
+	results    map[string]map[int]*httpResult
+	violations []string // upstream counter checks that failed
+
+	// Per column, the processes whose CPU time is split per request.
+	extProcPid map[string]int // 0: no ext_proc server
+	upPid      int
+	cpu        map[string]map[int]*cpuUse
+	// roundRates are each round's ok req/s per column and concurrency.
+	roundRates map[string]map[int][]float64
+}
+
+// cpuRoles name the processes of a cell whose CPU is measured.
+var cpuRoles = []string{"Envoy", "ext_proc server", "upstream", "load client", "Redis (whole server)"}
+
+// cpuUse is the CPU time each role used over a column's cells (warm-up
+// included) and the requests those cells completed.
+type cpuUse struct {
+	requests uint64
+	seconds  [5]float64
+}
+
+// runEnvoy measures the through-Envoy table and attaches it to the report.
+// A failure is reported in the table rather than losing the ext_proc one.
+func (b *bench) runEnvoy(ctx context.Context) error {
+	o := b.opts
+	e := &envoyBench{b: b, redis: o.envoyRedis, envoys: map[string]*envoyProcess{}, results: map[string]map[int]*httpResult{},
+		extProcPid: map[string]int{}, cpu: map[string]map[int]*cpuUse{}, roundRates: map[string]map[int][]float64{}}
+	e.table = &report.EnvoyTable{Concurrencies: o.concurrencies}
+	b.rep.Envoy = e.table
+	defer e.cleanup()
+	if err := e.setup(ctx); err != nil {
+		e.table.Notes = append(e.table.Notes, "not measured: "+err.Error())
+		return err
+	}
+	err := e.measure(ctx)
+	e.finish()
+	return err
+}
+
+func (e *envoyBench) setup(ctx context.Context) error {
+	b, o := e.b, e.b.opts
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return err
+	}
+	if e.bin, e.version, err = findEnvoy(ctx, root, o.envoyBin); err != nil {
+		return err
+	}
+	e.table.Version = e.version
+	b.rep.Machine.Envoy = e.version + " (.envoy-version)"
+	if b.bin == "" {
+		if b.bin, err = b.idemgateBinary(ctx); err != nil {
+			return err
+		}
+	}
+	if e.dir, err = os.MkdirTemp(b.tmp, "envoy-"); err != nil {
+		return fmt.Errorf("failed to create a directory: %w", err)
+	}
+	var r [4]byte
+	if _, err := rand.Read(r[:]); err != nil {
+		return fmt.Errorf("failed to make a key prefix: %w", err)
+	}
+	e.prefix = fmt.Sprintf("idemgate-envoybench-%d-%s:", os.Getpid(), hex.EncodeToString(r[:]))
+	if err := e.pingRedis(ctx); err != nil {
+		return err
+	}
+	if e.db, err = createBenchDatabase(ctx, o.pgAdminDSN, "idemgate_envoybench_"); err != nil {
+		return err
+	}
+	if b.rep.Machine.Postgres == "" {
+		b.rep.Machine.Postgres = e.db.version
+	}
+
+	up, upAddr, err := b.startFloor(ctx, "upstream")
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, up)
+	e.upstream, e.upPid = upAddr, up.pid()
+	noop, noopAddr, err := b.startFloor(ctx, "noop")
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, noop)
+	e.extProcPid[evNoop] = noop.pid()
+	ioArgs := []string{"-redis-addr", e.redis, "-redis-prefix", e.prefix + "iofloor:", "-pg-dsn", e.db.dsn}
+	settings := idemgateSettings{RedisAddr: e.redis, KeyPrefix: e.prefix, PostgresDSN: e.db.dsn}
+	if o.envoyLenientStores {
+		// Still below the 1 s message_timeout.
+		ioArgs = append(ioArgs, "-store-timeout", "700ms")
+		settings.StoreTimeout, settings.RedisTimeout = "700ms", "300ms"
+	}
+	iof, ioAddr, err := b.startFloor(ctx, "iofloor", ioArgs...)
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, iof)
+	e.extProcPid[evIO] = iof.pid()
+	e.idem, err = startIdemgate(ctx, b.bin, e.dir, "envoy", b.key, settings, b.profiling())
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, e.idem.child)
+	for _, c := range []string{evPreview, evConfirm, evReplay} {
+		e.extProcPid[c] = e.idem.pid()
+	}
+
+	// One Envoy per ext_proc target; the no-ext_proc one keeps its idemgate
+	// cluster (health-checked, never used) pointed at the no-op server.
+	idemEnvoy := envoyEdits{extProc: e.idem.grpcAddr, upstream: upAddr}
+	for _, s := range []struct {
+		columns []string
+		edits   envoyEdits
+	}{
+		{[]string{evPlain}, envoyEdits{extProc: noopAddr, upstream: upAddr, dropExtProc: true}},
+		{[]string{evNoop}, envoyEdits{extProc: noopAddr, upstream: upAddr}},
+		{[]string{evIO}, envoyEdits{extProc: ioAddr, upstream: upAddr}},
+		{[]string{evPreview, evConfirm, evReplay}, idemEnvoy},
+	} {
+		p, err := startEnvoy(ctx, e.bin, e.dir, s.columns[0], s.edits)
+		if err != nil {
+			return err
+		}
+		e.children = append(e.children, p.child)
+		for _, c := range s.columns {
+			e.envoys[c] = p
+		}
+	}
+
+	now := time.Now()
+	for i := 0; i < subjectCount; i++ {
+		tok, err := demoauth.Mint(subjectName(i), 2*time.Hour, now)
+		if err != nil {
+			return err
+		}
+		e.tokens = append(e.tokens, "Bearer "+tok)
+	}
+	return e.fillReplayPool(ctx)
+}
+
+func (e *envoyBench) pingRedis(ctx context.Context) error {
+	e.rdb = goredis.NewClient(&goredis.Options{Addr: e.redis})
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := e.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("the Redis at %s does not answer (make services starts it): %w", e.redis, err)
+	}
+	return nil
+}
+
+// fillReplayPool confirms -replay-pool fingerprints once through Envoy, 4
+// at a time, and keeps those that were executed.
+func (e *envoyBench) fillReplayPool(ctx context.Context) error {
+	items, err := e.b.minter.mint(e.b.opts.replayPool, []byte(previewBody))
+	if err != nil {
+		return err
+	}
+	labels := make([]string, len(items))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wk := newHTTPWorker(15 * time.Second)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer wk.close()
+			for i := int(next.Add(1) - 1); i < len(items) && ctx.Err() == nil; i = int(next.Add(1) - 1) {
+				labels[i] = wk.do(ctx, "http://"+e.envoys[evConfirm].listen, e.confirmRequest(items[i]))
+			}
+		}()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	bad := map[string]uint64{}
+	for i, it := range items {
+		if labels[i] == "200 "+markKey {
+			e.replay = append(e.replay, it)
+		} else {
+			bad[labels[i]]++
+		}
+	}
+	if len(e.replay) < len(items)*9/10 {
+		return fmt.Errorf("replay pool: only %d of %d first confirms through Envoy executed (%s); idemgate: %s",
+			len(e.replay), len(items), describeOutcomes(bad), e.idem.lastLines())
+	}
+	if len(bad) > 0 {
+		e.table.Notes = append(e.table.Notes, fmt.Sprintf("replay pool: %d of %d first confirms did not execute and were left out (%s).",
+			len(items)-len(e.replay), len(items), describeOutcomes(bad)))
+	}
+	return nil
+}
+
+func (e *envoyBench) confirmRequest(it confirmItem) *httpRequest {
+	return &httpRequest{path: confirmPath, auth: e.tokens[it.subject%subjectCount], body: it.body}
+}
+
+// expected is the outcome label each column must produce.
+func expectedLabel(column string) string {
+	switch column {
+	case evPreview:
+		return "200 " + markSigned
+	case evConfirm:
+		return "200 " + markKey
+	case evReplay:
+		return "200 " + markReplayed
+	}
+	return "200"
+}
+
+// source returns the requests of one cell of a column.
+func (e *envoyBench) source(column string, c int) (httpSource, error) {
+	o := e.b.opts
+	cell := (o.envoyWarmup + o.envoyDuration).Seconds()
+	switch column {
+	case evConfirm:
+		// A distinct fingerprint per request: enough for a rate well above
+		// what two cores give, minted before the cell starts.
+		n := int(math.Ceil(float64(o.envoyConfirmRate) * cell))
+		items, err := e.b.minter.mint(n, []byte(previewBody))
+		if err != nil {
+			return nil, err
+		}
+		return &confirmHTTPSource{e: e, items: items}, nil
+	case evReplay:
+		return &confirmHTTPSource{e: e, items: e.replay, cycle: true, limit: uint64(float64(o.budgetRate) * cell)}, nil
+	}
+	return &previewHTTPSource{tokens: e.tokens, limit: uint64(float64(o.budgetRate) * cell)}, nil
+}
+
+// previewHTTPSource sends the preview body, subjects round-robin.
+type previewHTTPSource struct {
+	tokens []string
+	n      atomic.Uint64
+	limit  uint64
+}
+
+var previewBytes = []byte(previewBody)
+
+func (s *previewHTTPSource) Next(int) *httpRequest {
+	i := s.n.Add(1)
+	if i > s.limit {
+		return nil
+	}
+	return &httpRequest{path: previewPath, auth: s.tokens[i%uint64(len(s.tokens))], body: previewBytes}
+}
+
+// confirmHTTPSource hands out confirms: each once, or round-robin up to limit.
+type confirmHTTPSource struct {
+	e     *envoyBench
+	items []confirmItem
+	n     atomic.Uint64
+	cycle bool
+	limit uint64
+}
+
+func (s *confirmHTTPSource) Next(int) *httpRequest {
+	i := s.n.Add(1) - 1
+	if !s.cycle && i >= uint64(len(s.items)) || s.limit > 0 && i >= s.limit {
+		return nil
+	}
+	return s.e.confirmRequest(s.items[i%uint64(len(s.items))])
+}
+
+// measure runs the rounds: for each concurrency, every column once per
+// round, the order rotated each round, so drift on a shared machine hits
+// every column alike.
+func (e *envoyBench) measure(ctx context.Context) error {
+	o := e.b.opts
+	for _, c := range o.concurrencies {
+		for round := 0; round < o.envoyRounds; round++ {
+			for k := range envoyColumns {
+				column := envoyColumns[(k+round)%len(envoyColumns)]
+				if err := e.measureCell(ctx, column, c, round); err != nil {
+					return fmt.Errorf("%s at concurrency %d, round %d: %w", column, c, round+1, err)
+				}
+			}
+		}
+		for _, column := range envoyColumns {
+			r := e.results[column][c]
+			e.b.log.Info("measured through Envoy", "column", column, "c", c, "req_per_s", math.Round(float64(r.requests-r.unexpected)/r.elapsed.Seconds()),
+				"p50", r.latency.Quantile(0.5), "p99", r.latency.Quantile(0.99), "errors", r.unexpected)
+		}
+	}
+	return nil
+}
+
+func (e *envoyBench) measureCell(ctx context.Context, column string, c, round int) error {
+	o := e.b.opts
+	for _, ch := range e.children {
+		if err := ch.checkAlive(); err != nil {
+			return err
+		}
+	}
+	src, err := e.source(column, c)
+	if err != nil {
+		return err
+	}
+	before, err := fetchUpstreamStats(e.upstream)
+	if err != nil {
+		return err
+	}
+	run := httpRun{addr: e.envoys[column].listen, source: src, concurrency: c,
+		warmup: o.envoyWarmup, duration: o.envoyDuration, expect: expectedLabel(column)}
+	if (column == evPreview || column == evConfirm || column == evReplay) && round == 0 {
+		prof := e.b.profiler(ctx, cellSpec{scenario: column, idemgate: e.idem}, c)
+		run.windowStarted = prof.start
+		defer prof.wait()
+	}
+	pids := [4]int{e.envoys[column].pid(), e.extProcPid[column], e.upPid, 0}
+	cpu0, err := e.cpuNow(ctx, pids)
+	if err != nil {
+		return err
+	}
+	res, err := run.execute(ctx)
+	if err != nil {
+		return err
+	}
+	cpu1, err := e.cpuNow(ctx, pids)
+	if err != nil {
+		return err
+	}
+	e.addCPU(column, c, res, cpu0, cpu1)
+	after, err := fetchUpstreamStats(e.upstream)
+	if err != nil {
+		return err
+	}
+	e.checkUpstream(column, c, round, res, before, after)
+	if e.results[column] == nil {
+		e.results[column] = map[int]*httpResult{}
+	}
+	if e.results[column][c] == nil {
+		e.results[column][c] = newHTTPResult()
+	}
+	e.results[column][c].merge(res)
+	if e.roundRates[column] == nil {
+		e.roundRates[column] = map[int][]float64{}
+	}
+	e.roundRates[column][c] = append(e.roundRates[column][c], float64(res.requests-res.unexpected)/res.elapsed.Seconds())
+	// Let the servers finish what the cell left behind.
+	time.Sleep(200 * time.Millisecond)
+	return nil
+}
+
+// cpuNow reads the CPU time of each role's process (pid 0 for the ext_proc
+// server means none: column (a); for the load client it is this process),
+// and the shared Redis's own total (INFO cpu), which includes whatever else
+// uses that server meanwhile.
+func (e *envoyBench) cpuNow(ctx context.Context, pids [4]int) ([5]float64, error) {
+	var out [5]float64
+	for i, pid := range pids {
+		if pid == 0 && i != len(pids)-1 {
+			continue
+		}
+		v, err := cpuSeconds(pid)
+		if err != nil {
+			return out, err
+		}
+		out[i] = v
+	}
+	info, err := e.rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return out, fmt.Errorf("failed to read Redis's CPU time: %w", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return out, fmt.Errorf("unexpected Redis INFO cpu line %q", line)
+			}
+			out[4] += f
+		}
+	}
+	return out, nil
+}
+
+func (e *envoyBench) addCPU(column string, c int, res *httpResult, before, after [5]float64) {
+	if e.cpu[column] == nil {
+		e.cpu[column] = map[int]*cpuUse{}
+	}
+	u := e.cpu[column][c]
+	if u == nil {
+		u = &cpuUse{}
+		e.cpu[column][c] = u
+	}
+	for _, n := range res.all {
+		u.requests += n
+	}
+	for i := range u.seconds {
+		u.seconds[i] += after[i] - before[i]
+	}
+}
+
+// checkUpstream compares what reached the upstream during a cell (warm-up
+// included) with what the client was told: no confirm ever reached it
+// without an Idempotency-Key, a replay never reached it, and each executed
+// confirm or passed-through preview did exactly once.
+func (e *envoyBench) checkUpstream(column string, c, round int, res *httpResult, before, after upstreamStats) {
+	d := upstreamStats{
+		Previews: after.Previews - before.Previews, Confirms: after.Confirms - before.Confirms,
+		ConfirmsWithKey: after.ConfirmsWithKey - before.ConfirmsWithKey, Other: after.Other - before.Other,
+	}
+	var problems []string
+	if d.Confirms != d.ConfirmsWithKey {
+		problems = append(problems, fmt.Sprintf("%d confirms reached the upstream without an Idempotency-Key", d.Confirms-d.ConfirmsWithKey))
+	}
+	if d.Other != 0 {
+		problems = append(problems, fmt.Sprintf("%d requests to other paths", d.Other))
+	}
+	switch column {
+	case evConfirm:
+		if want := res.all["200 "+markKey]; d.ConfirmsWithKey != want || d.Previews != 0 {
+			problems = append(problems, fmt.Sprintf("the upstream executed %d confirms and %d previews, the client saw %d executed", d.ConfirmsWithKey, d.Previews, want))
+		}
+	case evReplay:
+		if d.Confirms != 0 || d.Previews != 0 {
+			problems = append(problems, fmt.Sprintf("replays reached the upstream (%d confirms, %d previews)", d.Confirms, d.Previews))
+		}
+	default:
+		if want := res.all["200"] + res.all["200 "+markSigned]; d.Previews != want || d.Confirms != 0 {
+			problems = append(problems, fmt.Sprintf("the upstream answered %d previews and %d confirms, the client got %d previews", d.Previews, d.Confirms, want))
+		}
+	}
+	if len(problems) > 0 {
+		e.violations = append(e.violations, fmt.Sprintf("%s at c=%d round %d: %s", column, c, round+1, strings.Join(problems, "; ")))
+	}
+}
+
+// finish turns the merged results into the table.
+func (e *envoyBench) finish() {
+	o := e.b.opts
+	t := e.table
+	for _, column := range envoyColumns {
+		t.Columns = append(t.Columns, report.Scenario{Name: column, Description: envoyColumnDescriptions[column]})
+		for _, c := range o.concurrencies {
+			r := e.results[column][c]
+			if r == nil {
+				t.Cells = append(t.Cells, report.Cell{Scenario: column, Concurrency: c, Skipped: "not measured"})
+				continue
+			}
+			f := &report.Figures{
+				RPS: float64(r.requests-r.unexpected) / r.elapsed.Seconds(),
+				P50: r.latency.Quantile(0.50), P90: r.latency.Quantile(0.90), P99: r.latency.Quantile(0.99), Max: r.latency.Max(),
+				Requests: r.requests, Errors: r.unexpected, Outcomes: describeOutcomes(r.outcomes),
+			}
+			if r.exhausted {
+				f.Note = "a round's source ran out before its window closed; its rate is over the time it ran"
+			}
+			t.Cells = append(t.Cells, report.Cell{Scenario: column, Concurrency: c, Figures: f})
+		}
+	}
+	at := 64
+	if !slices.Contains(o.concurrencies, at) {
+		at = slices.Max(o.concurrencies)
+	}
+	t.CPURoles, t.CPUConcurrency, t.CPUBase = cpuRoles, at, evNoop
+	for _, column := range envoyColumns {
+		u := e.cpu[column][at]
+		if u == nil || u.requests == 0 {
+			continue
+		}
+		row := report.CPURow{Column: column}
+		for _, sec := range u.seconds {
+			row.MicrosPerRequest = append(row.MicrosPerRequest, sec*1e6/float64(u.requests))
+		}
+		t.CPU = append(t.CPU, row)
+	}
+	t.Ratios = []report.Ratio{
+		{Name: "envoy+preview / envoy+noop", Num: evPreview, Den: evNoop, Target: 0.90, TargetConcurrency: at},
+		{Name: "envoy+replay / envoy+noop", Num: evReplay, Den: evNoop, Target: 0.90, TargetConcurrency: at,
+			Note: "a replay ends after the request body (idemgate answers; 2 ext_proc messages, no upstream call), the no-op server exchanges all 4 and Envoy calls the upstream."},
+		{Name: "envoy+confirm-tiered / envoy+noop", Num: evConfirm, Den: evNoop,
+			Note: "no target: a first-time confirm makes 4 store round trips the no-op server does not."},
+		{Name: "envoy+confirm-tiered / envoy+io-floor", Num: evConfirm, Den: evIO,
+			Note: "against (b) plus the naive store round trips (the same 4 round trips, one after the other, on the same Redis and PostgreSQL)."},
+		{Name: "envoy+noop / envoy", Num: evNoop, Den: evPlain, Note: "what an ext_proc stream costs Envoy itself, with a server that does nothing."},
+		{Name: "envoy+preview / envoy", Num: evPreview, Den: evPlain},
+	}
+	for _, ra := range t.Ratios {
+		rr := report.RoundRatio{Name: ra.Name, PerConcurrency: map[int][]float64{}}
+		for _, c := range o.concurrencies {
+			num, den := e.roundRates[ra.Num][c], e.roundRates[ra.Den][c]
+			for i := 0; i < len(num) && i < len(den); i++ {
+				if den[i] > 0 {
+					rr.PerConcurrency[c] = append(rr.PerConcurrency[c], num[i]/den[i])
+				}
+			}
+		}
+		t.RoundRatios = append(t.RoundRatios, rr)
+	}
+	if n := e.storeFailures(); n != "" {
+		t.Notes = append(t.Notes, n)
+	}
+	if len(e.violations) > 0 {
+		t.Notes = append(t.Notes, "upstream check failed: "+strings.Join(e.violations, " | "))
+	} else if len(e.results) > 0 {
+		t.Notes = append(t.Notes, "In every cell (warm-up included) the upstream's own counters matched what the client saw: every executed confirm reached it once with an Idempotency-Key, no replay reached it, every preview passed through once.")
+	}
+	if l := e.b.rep.Machine.LoadAverage; l != "" {
+		t.Notes = append(t.Notes, sharedMachineNote(l))
+	}
+	t.Intro = fmt.Sprintf("HTTP requests from a Go client to a real Envoy %s (`.envoy-version`) configured from the shipped `envoy/envoy.yaml` "+
+		"with only addresses substituted (for column (a) the ext_proc filter removed): header_mutation, jwt_authn verifying an ES256 JWT "+
+		"from `e2e/demoauth` on every request, ext_proc with its shipped processing modes, the router. Every column in the same run; "+
+		"%d rounds per concurrency, the column order rotated each round, figures over all rounds together.", e.version, o.envoyRounds)
+	t.Settings = []string{
+		fmt.Sprintf("%d rounds × %s measured per cell after %s warm-up; per concurrency every column once per round, the order rotated by one each round.", o.envoyRounds, o.envoyDuration, o.envoyWarmup),
+		"Load client: c workers, each with its own keep-alive HTTP/1.1 connection to Envoy (one http.Transport limited to one connection per worker), each sending its next request when the previous answer has been read; new connections per cell, opened in the warm-up. A Go client rather than wrk because every first-time confirm needs its own body (a distinct fingerprint) and every answer is classified by its status and idemgate's headers; its cost per request is the same in every column.",
+		"Upstream: a minimal fast HTTP server (this tool with -serve upstream) answering the payments API's quote and transfer JSON as fixed bytes, rather than the demo payments API, so every column pays the same small upstream cost and the differences are Envoy's, ext_proc's and idemgate's; it counts what reaches it for the checks above.",
+		"Envoy: --concurrency 2 (the machine's cores), --disable-hot-restart, access log (the shipped stdout logger) to a file; one Envoy per ext_proc target, all started before the first cell.",
+		fmt.Sprintf("idemgate: the tiered store on the shared Redis %s (its own key prefix idemgate-envoybench-<pid>-<random>:, the keys deleted at the end) and PostgreSQL database idemgate_envoybench_<pid> (created and dropped by the run); subject from the x-idemgate-subject header jwt_authn sets; otherwise as in the ext_proc-level settings below.", e.redis),
+		fmt.Sprintf("First-time confirm cells get %d req/s × (warm-up + duration) minted fingerprints; other cells are bounded at %d req/s × (warm-up + duration) requests.", o.envoyConfirmRate, o.budgetRate),
+		"ok req/s counts only answers with the column's expected outcome (outcome labels: status, then signed = Idempotency-Fingerprint set, replayed = Idempotent-Replayed: true, key = the upstream saw an Idempotency-Key; error = no HTTP answer).",
+	}
+}
+
+// cleanup stops every process, deletes the run's Redis keys and drops its
+// database.
+func (e *envoyBench) cleanup() {
+	for i := len(e.children) - 1; i >= 0; i-- {
+		e.children[i].stop(5 * time.Second)
+	}
+	if e.rdb != nil {
+		_ = e.rdb.Close()
+	}
+	if e.prefix != "" {
+		if err := deleteRedisPrefix(e.redis, e.prefix); err != nil {
+			e.b.log.Warn("failed to delete the run's Redis keys", "prefix", e.prefix, "error", err)
+		}
+	}
+	if e.db != nil {
+		if err := e.db.drop(); err != nil {
+			e.b.log.Warn("failed to drop the through-Envoy database", "error", err)
+		}
+	}
+}
+
+// deleteRedisPrefix deletes the keys under prefix on a shared Redis (SCAN,
+// never FLUSH: other work uses the same server).
+func deleteRedisPrefix(addr, prefix string) error {
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var cursor uint64
+	for {
+		keys, next, err := c.Scan(ctx, cursor, prefix+"*", 1000).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) > 0 {
+			if err := c.Unlink(ctx, keys...).Err(); err != nil {
+				return err
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return nil
+		}
+	}
+}
+
+// sharedMachineNote says what the load average at the start means: before
+// the run had started anything, a 1-minute load of 1 or more is other work
+// on the machine, which takes cores from every column (the rotation spreads
+// it over all of them).
+func sharedMachineNote(loadavg string) string {
+	f := strings.Fields(loadavg)
+	if len(f) > 0 {
+		if v, err := strconv.ParseFloat(f[0], 64); err == nil && v >= 1 {
+			return "The machine was shared: load average " + loadavg + " when the run started, before any of its processes; absolute figures are lower and noisier than on a quiet machine, and the rotated rounds spread the other work over every column."
+		}
+	}
+	return "Load average when the run started: " + loadavg + "."
+}
+
+// storeFailures summarises idemgate's "store call failed" warnings among
+// its last log lines (they explain 503 temporarily_unavailable answers).
+func (e *envoyBench) storeFailures() string {
+	if e.idem == nil {
+		return ""
+	}
+	counts := map[string]uint64{}
+	for _, line := range strings.Split(e.idem.lastLines(), "\n") {
+		var rec struct {
+			Msg     string `json:"msg"`
+			StoreOp string `json:"store_op"`
+			Kind    string `json:"kind"`
+		}
+		if json.Unmarshal([]byte(line), &rec) != nil || !strings.HasPrefix(rec.Msg, "store call failed") {
+			continue
+		}
+		counts["store_op="+rec.StoreOp+" kind="+rec.Kind]++
+	}
+	if len(counts) == 0 {
+		return ""
+	}
+	return "idemgate's 503 answers are temporarily_unavailable (nothing executed, retry): among its last log lines, store calls that failed: " + describeOutcomes(counts) + "."
+}

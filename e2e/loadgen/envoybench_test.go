@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
+
+	"github.com/idemgate/idemgate/fingerprint"
+)
+
+// TestThroughEnvoyTiny runs the through-Envoy benchmark with a few hundred
+// requests per column and checks behaviour, not speed: every column
+// completed with its expected outcome only, and the upstream's counters
+// agree (each executed confirm reached it once with an Idempotency-Key, no
+// replay reached it).
+func TestThroughEnvoyTiny(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipped in -short: runs Envoy, idemgate, Redis and PostgreSQL")
+	}
+	servicesOrSkip(t)
+	sharedRedisOrSkip(t)
+	root, err := moduleRoot(t.Context())
+	require.NoError(t, err)
+	bin := filepath.Join(t.TempDir(), "idemgate")
+	require.NoError(t, buildIdemgate(t.Context(), root, bin, idemgatePackage))
+
+	// A count bound of 1000 req/s × 0.4 s: at most 400 requests per cell (a
+	// fast column runs out early, which ends its cell), no warm-up.
+	b := newTestBench(t, "-idemgate", bin, "-scenarios", "", "-concurrency", "1,4",
+		"-envoy-rounds", "1", "-envoy-duration", "400ms", "-envoy-warmup", "0s",
+		"-budget-rate", "1000", "-envoy-confirm-rate", "1000", "-replay-pool", "32")
+	b.bin = bin
+	b.opts.envoyLenientStores = true
+	setupKeys(t, b)
+	err = b.runEnvoy(t.Context())
+	require.NoError(t, err, "%v", b.rep.Envoy.Notes)
+	t.Log(b.rep.Markdown())
+
+	tab := b.rep.Envoy
+	require.Equal(t, "1.40.0", tab.Version, "the pin in .envoy-version")
+	require.Len(t, tab.Cells, len(envoyColumns)*2)
+	for _, cell := range tab.Cells {
+		f := cell.Figures
+		require.NotNil(t, f, "%s c=%d: %s", cell.Scenario, cell.Concurrency, cell.Skipped)
+		require.Positive(t, f.Requests, cell.Scenario)
+		require.LessOrEqual(t, f.Requests, uint64(400), cell.Scenario)
+		require.Zero(t, f.Errors, "%s c=%d: %s", cell.Scenario, cell.Concurrency, f.Outcomes)
+		require.Equal(t, expectedLabel(cell.Scenario)+" ×"+strconv.FormatUint(f.Requests, 10), f.Outcomes, cell.Scenario)
+	}
+	for _, n := range tab.Notes {
+		require.NotContains(t, n, "upstream check failed")
+		require.NotContains(t, n, "not measured")
+	}
+	require.Contains(t, strings.Join(tab.Notes, "\n"), "the upstream's own counters matched")
+
+	// Nothing is left behind on the shared services.
+	rdb := goredis.NewClient(&goredis.Options{Addr: defaultSharedRedis()})
+	defer rdb.Close()
+	keys, _, err := rdb.Scan(t.Context(), 0, "idemgate-envoybench-"+strconv.Itoa(os.Getpid())+"-*", 10000).Result()
+	require.NoError(t, err)
+	require.Empty(t, keys)
+}
+
+// TestEnvoyConfigIsTheShippedOne checks the edits: only addresses change,
+// and column (a) loses the ext_proc filter and nothing else.
+func TestEnvoyConfigIsTheShippedOne(t *testing.T) {
+	e := envoyEdits{listen: "127.0.0.1:1001", admin: "127.0.0.1:1002", extProc: "127.0.0.1:1003", upstream: "127.0.0.1:1004"}
+	with, err := renderEnvoyConfig(e)
+	require.NoError(t, err)
+	e.dropExtProc = true
+	without, err := renderEnvoyConfig(e)
+	require.NoError(t, err)
+	for _, addr := range []string{"1001", "1002", "1003", "1004"} {
+		require.Contains(t, string(with), "portValue: "+addr)
+	}
+	require.Contains(t, string(with), "envoy.filters.http.ext_proc")
+	require.Contains(t, string(with), "envoy.filters.http.jwt_authn")
+	filters := func(y []byte) []string {
+		var doc map[string]any
+		require.NoError(t, yaml.Unmarshal(y, &doc))
+		hcm := doc["staticResources"].(map[string]any)["listeners"].([]any)[0].(map[string]any)["filterChains"].([]any)[0].(map[string]any)["filters"].([]any)[0].(map[string]any)["typedConfig"].(map[string]any)
+		var names []string
+		for _, f := range hcm["httpFilters"].([]any) {
+			names = append(names, f.(map[string]any)["name"].(string))
+		}
+		return names
+	}
+	require.Equal(t, []string{"envoy.filters.http.header_mutation", "envoy.filters.http.jwt_authn", "envoy.filters.http.ext_proc", "envoy.filters.http.router"}, filters(with))
+	require.Equal(t, []string{"envoy.filters.http.header_mutation", "envoy.filters.http.jwt_authn", "envoy.filters.http.router"}, filters(without))
+}
+
+func TestEnvoyVersionPattern(t *testing.T) {
+	m := envoyVersionRE.FindStringSubmatch("envoy  version: 6b9db09c69965d5bfb37bdd29693f8b7f9e9e9ec/1.40.0/Clean/RELEASE/BoringSSL")
+	require.Equal(t, "1.40.0", m[1])
+}
+
+// sharedRedisOrSkip needs the machine's Redis (make services), as servicesOrSkip.
+func sharedRedisOrSkip(t *testing.T) {
+	t.Helper()
+	c := goredis.NewClient(&goredis.Options{Addr: defaultSharedRedis()})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		if os.Getenv("IDEMGATE_REQUIRE_SERVICES") == "1" {
+			t.Fatalf("required service missing: Redis at %s: %v", defaultSharedRedis(), err)
+		}
+		t.Skipf("skipped: no Redis at %s: %v", defaultSharedRedis(), err)
+	}
+}
+
+// setupKeys gives a test bench the signing key and minter run() makes.
+func setupKeys(t *testing.T, b *bench) {
+	t.Helper()
+	var err error
+	b.key, err = fingerprint.GenerateKey()
+	require.NoError(t, err)
+	b.minter, err = newMinter(b.key, 15*time.Minute)
+	require.NoError(t, err)
+}
+
+func TestCPUSecondsGrows(t *testing.T) {
+	before, err := cpuSeconds(0)
+	require.NoError(t, err)
+	for deadline := time.Now().Add(50 * time.Millisecond); time.Now().Before(deadline); {
+	}
+	after, err := cpuSeconds(os.Getpid())
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, after, before+0.02)
+}
