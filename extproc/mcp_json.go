@@ -214,7 +214,7 @@ func sameID(a, b []byte) bool {
 // compactJSON removes insignificant whitespace (an SSE data line cannot
 // hold a raw line break).
 func compactJSON(raw []byte) []byte {
-	if bytes.IndexAny(raw, "\r\n") < 0 {
+	if !bytes.ContainsAny(raw, "\r\n") {
 		return raw
 	}
 	var b bytes.Buffer
