@@ -207,7 +207,7 @@ func TestDemoPrintedCommandsShowWhatTheySay(t *testing.T) {
 	script := d.stdout.String()
 	require.Contains(t, script, "# idemgate demo: a real Envoy "+pinnedVersion(t)+" in front of idemgate")
 	steps, order := runSteps(t, script)
-	require.Equal(t, []string{"1", "2", "3a", "3b", "4", "5", "6", "7", "8"}, order, "the steps, in the order the brief of the demo lists them")
+	require.Equal(t, []string{"1", "2", "3a", "3b", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13"}, order, "the steps, in the order the brief of the demo lists them")
 
 	for _, step := range []string{"2", "3a", "3b", "4", "5", "6", "7"} {
 		require.Equal(t, "\n", parseCurl(t, step, steps[step]).rest, "step %s prints its response and nothing else", step)
@@ -297,7 +297,53 @@ func TestDemoPrintedCommandsShowWhatTheySay(t *testing.T) {
 		require.Equal(t, 1, stats.Executions)
 		require.Equal(t, map[string]int{nonce: 1}, stats.ExecutionsByKey)
 		require.Zero(t, stats.Replays, "idemgate answered the retries; they never reached the upstream")
-		require.Equal(t, 1, strings.Count(d.stderr.String(), `msg="payments: executed transfer"`))
+	})
+
+	// Steps 9-13: the same operation as MCP tools through the same Envoy.
+	var mfp string
+	t.Run("9 tools/list shows the fingerprint argument and the status tool", func(t *testing.T) {
+		res := rpcResult(t, steps["9"], 1)
+		tools := map[string]map[string]any{}
+		for _, tl := range res["tools"].([]any) {
+			tool := tl.(map[string]any)
+			tools[tool["name"].(string)] = tool
+		}
+		require.Contains(t, tools, "transfer_status")
+		schema := tools["transfer_confirm"]["inputSchema"].(map[string]any)
+		require.Contains(t, schema["properties"], "fingerprint")
+		require.Contains(t, schema["required"], "fingerprint")
+	})
+	t.Run("10 the MCP preview carries a fingerprint", func(t *testing.T) {
+		body, rest, _ := strings.Cut(steps["10"], "\nMFP=")
+		res := rpcResult(t, body, 2)
+		mfp, _ = res["structuredContent"].(map[string]any)["fingerprint"].(string)
+		require.NotEmpty(t, mfp)
+		require.Equal(t, mfp+"\n", rest, "the sed extraction printed the injected fingerprint")
+	})
+	var transferID string
+	t.Run("11 the MCP confirm executes", func(t *testing.T) {
+		res := rpcResult(t, steps["11"], 3)
+		require.NotEqual(t, true, res["isError"])
+		transferID, _ = res["structuredContent"].(map[string]any)["transfer_id"].(string)
+		require.NotEmpty(t, transferID)
+	})
+	t.Run("12 a retry with a new id is replayed under that id", func(t *testing.T) {
+		res := rpcResult(t, steps["12"], 4)
+		require.Equal(t, map[string]any{"io.idemgate/replayed": true}, res["_meta"])
+		env := res["structuredContent"].(map[string]any)
+		require.Equal(t, "already_completed", env["status"])
+		require.Equal(t, transferID, env["result_ref"])
+	})
+	t.Run("13 the status tool says completed", func(t *testing.T) {
+		env := rpcResult(t, steps["13"], 5)["structuredContent"].(map[string]any)
+		require.Equal(t, "completed", env["status"])
+		require.Equal(t, transferID, env["result_ref"])
+	})
+	t.Run("one execution over HTTP, one over MCP", func(t *testing.T) {
+		require.NotEmpty(t, mfp)
+		require.Equal(t, 2, strings.Count(d.stderr.String(), `msg="payments: executed transfer"`))
+		require.Eventually(t, func() bool { return strings.Count(d.stderr.String(), `"POST /mcp HTTP/1.1" 200`) == 5 },
+			10*time.Second, 50*time.Millisecond, "steps 9-13 went through Envoy (its access log is flushed every few seconds)")
 	})
 
 	t.Run("every request went through Envoy", func(t *testing.T) {
@@ -313,6 +359,20 @@ func TestDemoPrintedCommandsShowWhatTheySay(t *testing.T) {
 
 	require.NoError(t, d.stop(t))
 	require.Contains(t, d.stderr.String(), `msg="demo stopped"`)
+}
+
+// rpcResult decodes a step's JSON-RPC response with the wanted id and
+// returns its result.
+func rpcResult(t *testing.T, text string, id int) map[string]any {
+	t.Helper()
+	var msg struct {
+		ID     int            `json:"id"`
+		Result map[string]any `json:"result"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(text)), &msg), "not a JSON-RPC response:\n%s", text)
+	require.Equal(t, id, msg.ID, "the response carries the request's id")
+	require.NotNil(t, msg.Result, "a result, not a JSON-RPC error:\n%s", text)
+	return msg.Result
 }
 
 func TestDemoFingerprintExtraction(t *testing.T) {

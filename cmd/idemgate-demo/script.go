@@ -105,6 +105,21 @@ func demoScript(st scriptInfo, now time.Time) (string, error) {
 	line("")
 	line("# 8. The payments API's counters (through the front's catch-all route, which skips idemgate): expect \"executions\":1 under the one Idempotency-Key idemgate set (each new pass from step 1 previews, and so moves, one more transfer).")
 	line(`curl -sS -w '\n' "$GW/_admin/stats"`)
+	line("")
+	line("# The same transfer as MCP tools (Streamable HTTP on $GW/mcp, guarded by the same Envoy filter and idemgate). Any MCP client works unchanged:")
+	line("# point it at $GW/mcp with the header \"Authorization: Bearer $ALICE\" (Go SDK: mcp.StreamableClientTransport{Endpoint: ...}; Python SDK: streamablehttp_client(url, headers=...)).")
+	line("MCP='-H content-type:application/json -H accept:application/json,text/event-stream -H mcp-protocol-version:2025-11-25'")
+	line("# 9. tools/list: transfer_confirm has gained a required \"fingerprint\" argument (copy it from the preview), and idemgate's transfer_status tool is appended.")
+	line(`%s -d '{"jsonrpc":"2.0","id":1,"method":"tools/list"}'`, mcpCurl)
+	line("# 10. tools/call transfer_preview: the result's structuredContent carries \"fingerprint\" and \"fingerprint_expires_at\", and a text block tells the model to pass it on unchanged.")
+	line(`MPREVIEW=$(%s -d '%s'); printf '%%s\n' "$MPREVIEW"`, mcpCurl, mcpCall(2, "transfer_preview", demoTransfer))
+	line(`MFP=$(printf '%%s\n' "$MPREVIEW" | %s); echo "MFP=$MFP"`, fingerprintSed)
+	line("# 11. tools/call transfer_confirm with the fingerprint: executed once (isError false, a transfer_id).")
+	line(`%s -d '%s'`, mcpCurl, mcpCall(3, "transfer_confirm", `{"fingerprint":"'"$MFP"'",`+demoTransfer[1:]))
+	line("# 12. The agent retries with a new JSON-RPC id (a broken stream, a re-plan): replayed, not executed — _meta \"io.idemgate/replayed\": true, id 4 as sent.")
+	line(`%s -d '%s'`, mcpCurl, mcpCall(4, "transfer_confirm", `{"fingerprint":"'"$MFP"'",`+demoTransfer[1:]))
+	line("# 13. The status tool, answered by idemgate itself: \"status\":\"completed\" with the stored result.")
+	line(`%s -d '%s'`, mcpCurl, mcpCall(5, "transfer_status", `{"fingerprint":"'"$MFP"'"}`))
 	return b.String(), nil
 }
 
@@ -118,6 +133,15 @@ func shortDuration(d time.Duration) string {
 		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
+}
+
+// mcpCurl is one POST of a JSON-RPC message to the front's MCP endpoint.
+const mcpCurl = `curl -sS -w '\n' $MCP -H "Authorization: Bearer $ALICE" "$GW/mcp"`
+
+// mcpCall is a tools/call request for sh's single quotes; arguments may
+// close and reopen the quotes to expand a variable.
+func mcpCall(id int, tool, arguments string) string {
+	return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":%q,"arguments":%s}}`, id, tool, arguments)
 }
 
 // demoCurl is one POST to an operation route of the front.
