@@ -49,6 +49,13 @@ services: ## Make sure Redis and PostgreSQL answer on the test addresses (starts
 test: services envoy ## Run every test (unit, integration, e2e through real Envoy) with the race detector.
 	ENVOY_BIN=$(ENVOY) $(TEST_ENV) $(GO) test -race -count=1 -timeout 45m $(GO_TEST_ARGS) ./...
 
+SEED     ?= 15
+DURATION ?= 2m
+.PHONY: chaos
+chaos: services envoy ## Seeded chaos run through real Envoy and 3 idemgate replicas (SEED=15 DURATION=2m, split between both upstream modes); prints its report.
+	ENVOY_BIN=$(ENVOY) $(TEST_ENV) $(GO) test -count=1 -v -run '^TestChaos$$' -timeout 3h ./e2e/chaos/ \
+		-args -chaos.seed=$(SEED) -chaos.duration=$(DURATION)
+
 .PHONY: test-race
 test-race: test ## Same as test: the suite always runs with -race.
 

@@ -68,6 +68,9 @@ type exchange struct {
 	respStatus  int
 	respHeaders []state.Header
 	respClass   outcomeClass
+
+	// mcp is set on streams to an MCP endpoint (DESIGN section 9).
+	mcp *mcpExchange
 }
 
 // handle dispatches one message. end says the stream is finished after the
@@ -103,6 +106,9 @@ func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	method, _ := headerValue(hm, hdrMethod)
 	path, _ := headerValue(hm, hdrPath)
 	ex.traceID, _ = headerValue(hm, hdrRequestID)
+	if ep := ex.srv.cfg.MCPEndpoint(method, path); ep != nil {
+		return ex.mcpRequestHeaders(req, h, ep)
+	}
 	target, vars, ok := ex.srv.cfg.Routes.Match(method, path)
 	if !ok {
 		ex.srv.metrics.passthrough.Inc()
@@ -158,6 +164,9 @@ func (ex *exchange) bodyModesUsable() bool {
 }
 
 func (ex *exchange) onRequestBody(b *extprocv3.HttpBody) (*extprocv3.ProcessingResponse, bool) {
+	if ex.mcp != nil {
+		return ex.mcpRequestBody(b.GetBody())
+	}
 	if ex.op == nil || ex.requestDone {
 		return requestBodyReply(nil), false
 	}
@@ -176,6 +185,9 @@ func (ex *exchange) onRequestBody(b *extprocv3.HttpBody) (*extprocv3.ProcessingR
 }
 
 func (ex *exchange) onResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, bool) {
+	if ex.mcp != nil {
+		return ex.mcpResponseHeaders(h)
+	}
 	switch {
 	case ex.op == nil:
 		return responseHeadersReply(nil, nil), false
@@ -188,6 +200,9 @@ func (ex *exchange) onResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.Proc
 }
 
 func (ex *exchange) onResponseBody(b *extprocv3.HttpBody) (*extprocv3.ProcessingResponse, bool) {
+	if ex.mcp != nil {
+		return ex.mcpResponseBody(b.GetBody())
+	}
 	switch {
 	case ex.op == nil:
 		return responseBodyReply(nil, nil, false), false
@@ -310,6 +325,10 @@ func (ex *exchange) fingerprintFrom(pb parsedBody) (token string, found bool) {
 // envelope renders message m of the stream's operation (or the defaults
 // before one is known) as an ImmediateResponse, and counts the decision.
 func (ex *exchange) envelope(m envelope.Message, originalStatus int, x envelope.Extra, extra ...*corev3.HeaderValueOption) *extprocv3.ProcessingResponse {
+	if ex.mcp != nil {
+		// An MCP client reads every answer as a tool result.
+		return ex.mcpEnvelope(m, originalStatus, x, extra...)
+	}
 	set := ex.srv.cfg.Envelopes
 	if ex.op != nil && ex.op.Envelopes != nil {
 		set = ex.op.Envelopes

@@ -14,6 +14,9 @@
 //	POST /_admin/faults   arm fault injection (JSON, see FaultsJSON)
 //	POST /_admin/mode     {"ignore_idempotency_keys": bool}
 //	POST /_admin/reset    forget every transfer, counter and fault
+//	POST /_admin/mcp      {"sse": bool}: /mcp answers with SSE streams or JSON
+//
+// and POST /mcp, the same preview and confirm as MCP tools (see mcp.go).
 //
 // Idempotency follows section 五 of the seed note: the Idempotency-Key is a
 // unique key in the server's own store, reserved in the same step as the
@@ -150,6 +153,9 @@ type Server struct {
 	stats      Stats
 	faults     Faults
 	armed      bool
+
+	// mcp serves POST /mcp (see mcp.go).
+	mcp *mcpFace
 }
 
 var _ http.Handler = (*Server)(nil)
@@ -178,6 +184,9 @@ func New(opts Options) *Server {
 	mux.HandleFunc("POST /_admin/faults", s.handleSetFaults)
 	mux.HandleFunc("POST /_admin/mode", s.handleMode)
 	mux.HandleFunc("POST /_admin/reset", s.handleReset)
+	s.mcp = s.newMCP()
+	mux.Handle(MCPPath, s.mcp)
+	mux.HandleFunc("POST /_admin/mcp", s.handleMCPMode)
 	s.mux = mux
 	return s
 }
@@ -422,12 +431,18 @@ func (s *Server) handlePreview(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, errorJSON{Error: "invalid_request", Message: err.Error()})
 		return
 	}
+	writeJSON(w, http.StatusOK, s.quote(t))
+}
+
+// quote counts a valid preview and prices it (the HTTP route and the MCP
+// tool answer the same quote).
+func (s *Server) quote(t transfer) quoteJSON {
 	s.mu.Lock()
 	s.stats.Previews++
 	s.mu.Unlock()
 	sum := sha256.Sum256([]byte(fmt.Sprintf("%d|%s|%s", t.amountCents, t.currency, t.accountID)))
 	fee := feeCents(t.amountCents)
-	writeJSON(w, http.StatusOK, quoteJSON{
+	return quoteJSON{
 		QuoteID:  "q_" + hex.EncodeToString(sum[:8]),
 		Status:   "quoted",
 		Amount:   formatCents(t.amountCents),
@@ -436,7 +451,7 @@ func (s *Server) handlePreview(w http.ResponseWriter, r *http.Request) {
 		Fee:      formatCents(fee),
 		Total:    formatCents(t.amountCents + fee),
 		Executed: false,
-	})
+	}
 }
 
 func (s *Server) handleConfirm(w http.ResponseWriter, r *http.Request) {

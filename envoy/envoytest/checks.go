@@ -436,7 +436,7 @@ func checkPerRouteKeys(g *Gateway, _ *IdemgateConfig) error {
 func checkConfirmRoutes(g *Gateway, c *IdemgateConfig) error {
 	var errs []error
 	for _, op := range c.Operations {
-		m, err := g.RouteFor(op.Confirm.Path)
+		m, err := g.RouteFor(op.ConfirmPath())
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -546,7 +546,7 @@ func checkInFlightTTL(g *Gateway, c *IdemgateConfig) error {
 	}
 	var errs []error
 	for _, op := range c.Operations {
-		m, err := g.RouteFor(op.Confirm.Path)
+		m, err := g.RouteFor(op.ConfirmPath())
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -74,6 +75,20 @@ type Operation struct {
 	// DownstreamIdempotencyHeader is nil when the file omits it (default
 	// Idempotency-Key) and "" when the downstream ignores keys.
 	DownstreamIdempotencyHeader *string `json:"downstream_idempotency_header"`
+	// MCP is set for an operation served as MCP tools on one endpoint
+	// (DESIGN section 9) instead of three routes.
+	MCP *struct {
+		Endpoint string `json:"endpoint"`
+	} `json:"mcp"`
+}
+
+// ConfirmPath is the path a confirm takes: the confirm route, or an MCP
+// operation's endpoint.
+func (o Operation) ConfirmPath() string {
+	if o.MCP != nil {
+		return o.MCP.Endpoint
+	}
+	return o.Confirm.Path
 }
 
 // IdempotencyHeader is the header idemgate sets on the upstream confirm, or ""
@@ -153,6 +168,12 @@ func setDefault[T comparable](v *T, def T) {
 func (c *IdemgateConfig) OperationPaths() []string {
 	var out []string
 	for _, op := range c.Operations {
+		if op.MCP != nil {
+			if !slices.Contains(out, op.MCP.Endpoint) { // one endpoint may serve several operations
+				out = append(out, op.MCP.Endpoint)
+			}
+			continue
+		}
 		out = append(out, op.Preview.Path, op.Confirm.Path, op.Status.Path)
 	}
 	return out
@@ -161,7 +182,7 @@ func (c *IdemgateConfig) OperationPaths() []string {
 // OperationFor returns the operation whose confirm path is p, if any.
 func (c *IdemgateConfig) OperationFor(confirmPath string) (Operation, bool) {
 	for _, op := range c.Operations {
-		if op.Confirm.Path == confirmPath {
+		if op.ConfirmPath() == confirmPath {
 			return op, true
 		}
 	}

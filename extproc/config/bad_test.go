@@ -101,7 +101,7 @@ func TestBadConfigs(t *testing.T) {
 		}},
 		{file: "many_problems.yaml", want: []string{
 			"many_problems.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, drain, grpc_listen, limits, log, messages, operations, security, signing, store, subject, ttl)",
-			"many_problems.yaml:17:5: operations[0].retires: unknown key \"retires\" (known keys: confirm, downstream_idempotency_header, fingerprint_field, messages, name, outcomes, params, poll_after, preview, preview_tool, replay, result_ref, scope, status, status_tool, upstream_retries, upstream_timeout)",
+			"many_problems.yaml:17:5: operations[0].retires: unknown key \"retires\" (known keys: confirm, downstream_idempotency_header, fingerprint_field, mcp, messages, name, outcomes, params, poll_after, preview, preview_tool, replay, result_ref, scope, status, status_tool, upstream_retries, upstream_timeout)",
 			"many_problems.yaml:6:18: ttl.in_flight: invalid duration \"2 minutes\": use a Go duration such as 250ms, 15m or 72h",
 			"many_problems.yaml:7:22: messages.language: unknown language \"fr\" (known: en, zh)",
 		}},
@@ -161,7 +161,7 @@ func TestBadConfigs(t *testing.T) {
 			"unknown_key.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, drain, grpc_listen, limits, log, messages, operations, security, signing, store, subject, ttl)",
 		}},
 		{file: "unknown_key_nested.yaml", want: []string{
-			"unknown_key_nested.yaml:14:5: operations[0].retires: unknown key \"retires\" (known keys: confirm, downstream_idempotency_header, fingerprint_field, messages, name, outcomes, params, poll_after, preview, preview_tool, replay, result_ref, scope, status, status_tool, upstream_retries, upstream_timeout)",
+			"unknown_key_nested.yaml:14:5: operations[0].retires: unknown key \"retires\" (known keys: confirm, downstream_idempotency_header, fingerprint_field, mcp, messages, name, outcomes, params, poll_after, preview, preview_tool, replay, result_ref, scope, status, status_tool, upstream_retries, upstream_timeout)",
 		}},
 		{file: "unknown_language.yaml", want: []string{
 			"unknown_language.yaml:5:22: messages.language: unknown language \"fr\" (known: en, zh)",

@@ -200,6 +200,7 @@ func (c *compiler) compile(f *File) *Runtime {
 		Timeout: c.duration(p("drain", "timeout"), f.Drain.Timeout, DefaultDrainTimeout, false),
 	}
 	rt.Operations, rt.Routes = c.operations(f.Operations, rt, languageOK)
+	rt.MCPEndpoints = c.mcpEndpoints(rt.Operations, rt.Routes)
 	if languageOK {
 		set, err := envelope.Compile(rt.Language, nil, envelope.Operation{MaxBodyBytes: rt.Limits.MaxBodyBytes})
 		if err != nil {
@@ -609,6 +610,12 @@ func (c *compiler) operations(ops []OperationSpec, rt *Runtime, languageOK bool)
 			{"confirm", o.Confirm, &op.Confirm, KindConfirm},
 			{"status", o.Status, &op.Status, KindStatus},
 		} {
+			if o.MCP != nil {
+				if r.spec != nil {
+					c.errorf(at(r.key), "an operation is either HTTP routes or mcp, not both: remove %s (the MCP endpoint carries preview, confirm and status)", r.key)
+				}
+				continue
+			}
 			if r.spec == nil {
 				c.errorf(at(r.key), "required: {method: POST, path: /...}")
 				continue
@@ -645,12 +652,16 @@ func (c *compiler) operations(ops []OperationSpec, rt *Runtime, languageOK bool)
 			routes[key] = at(r.key)
 			entries = append(entries, route.Entry[Target]{Method: method, Path: r.spec.Path, Value: Target{Op: op, Kind: r.kind}})
 		}
-		if o.PreviewTool == "" {
+		if o.MCP != nil {
+			c.mcpTools(op, o, at)
+		} else if o.PreviewTool == "" {
 			c.errorf(at("preview_tool"), "required: the tool name the agent calls to preview (used in instructions)")
 		} else if !toolNamePattern.MatchString(o.PreviewTool) {
 			c.errorf(at("preview_tool"), "invalid tool name %q", o.PreviewTool)
 		}
-		if o.StatusTool == "" {
+		if o.MCP != nil {
+			// Checked by mcpTools.
+		} else if o.StatusTool == "" {
 			c.errorf(at("status_tool"), "required: the tool name the agent polls for the result (used in instructions)")
 		} else if !toolNamePattern.MatchString(o.StatusTool) {
 			c.errorf(at("status_tool"), "invalid tool name %q", o.StatusTool)
@@ -708,6 +719,9 @@ func (c *compiler) operations(ops []OperationSpec, rt *Runtime, languageOK bool)
 		}
 		op.PollAfter = c.duration(at("poll_after"), o.PollAfter, DefaultPollAfter, false)
 		op.Outcomes = c.outcomes(o.Outcomes, at)
+		if o.MCP != nil {
+			c.mcpOperation(op, o, at)
+		}
 
 		op.Overrides = c.overrides(o.Messages, at)
 		if languageOK {

@@ -170,6 +170,9 @@ type OperationSpec struct {
 	PollAfter                   string                 `yaml:"poll_after"`
 	Outcomes                    map[string]string      `yaml:"outcomes"`
 	Messages                    map[string]MessageText `yaml:"messages"`
+	// MCP makes the operation an MCP tool pair instead of three HTTP routes
+	// (DESIGN section 9); see MCPSpec.
+	MCP *MCPSpec `yaml:"mcp"`
 }
 
 // RouteSpec is an HTTP method and a path template.

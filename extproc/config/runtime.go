@@ -58,6 +58,9 @@ type Runtime struct {
 	Operations []*Operation
 	// Routes maps method + path to an operation's route.
 	Routes *route.Table[Target]
+	// MCPEndpoints holds the MCP endpoints of MCP operations by path (nil
+	// when no operation is MCP).
+	MCPEndpoints map[string]*MCPEndpoint
 	// Envelopes renders answers given before any operation is known (for
 	// example a recovered panic at request headers).
 	Envelopes *envelope.Set
@@ -241,6 +244,9 @@ type Operation struct {
 	// Overrides are the per-message text overrides as configured.
 	Overrides map[envelope.Message]envelope.Text
 	Envelopes *envelope.Set
+	// MCP is set when the operation is an MCP tool pair (its HTTP routes
+	// are then unset).
+	MCP *MCPTools
 }
 
 // HonoursKeys reports whether the downstream deduplicates by the

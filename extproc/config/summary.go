@@ -45,13 +45,17 @@ func (rt *Runtime) WriteSummary(w io.Writer) error {
 	fmt.Fprintf(&b, "operations: %d\n", len(rt.Operations))
 	for _, op := range rt.Operations {
 		fmt.Fprintf(&b, "  %s (scope %s)\n", op.Name, op.Scope)
-		fmt.Fprintf(&b, "    preview  %s %s  tool %s\n", op.Preview.Method, op.Preview.Template, op.PreviewTool)
 		downstream := "downstream ignores keys"
 		if op.HonoursKeys() {
 			downstream = "sends " + op.DownstreamHeader
 		}
-		fmt.Fprintf(&b, "    confirm  %s %s  %s, replay %s\n", op.Confirm.Method, op.Confirm.Template, downstream, op.Replay)
-		fmt.Fprintf(&b, "    status   %s %s  tool %s, poll after %s\n", op.Status.Method, op.Status.Template, op.StatusTool, op.PollAfter)
+		if op.MCP != nil {
+			writeMCPSummary(&b, op, downstream)
+		} else {
+			fmt.Fprintf(&b, "    preview  %s %s  tool %s\n", op.Preview.Method, op.Preview.Template, op.PreviewTool)
+			fmt.Fprintf(&b, "    confirm  %s %s  %s, replay %s\n", op.Confirm.Method, op.Confirm.Template, downstream, op.Replay)
+			fmt.Fprintf(&b, "    status   %s %s  tool %s, poll after %s\n", op.Status.Method, op.Status.Template, op.StatusTool, op.PollAfter)
+		}
 		var params []string
 		for _, prm := range op.Params {
 			s := prm.Path

@@ -95,7 +95,7 @@ func ConfirmTool(op *config.Operation) string {
 	return op.Name + "_confirm"
 }
 
-// Definitions returns the preview, confirm and status tools of every
+// Definitions returns the preview, confirm and status tools of every HTTP
 // operation of rt, in config order, with descriptions in rt.Language.
 func Definitions(rt *config.Runtime) ([]Tool, error) {
 	t, ok := catalogues[rt.Language]
@@ -105,6 +105,12 @@ func Definitions(rt *config.Runtime) ([]Tool, error) {
 	var out []Tool
 	var errs []error
 	for _, op := range rt.Operations {
+		if op.MCP != nil {
+			// An MCP operation's tools are the MCP server's own; idemgate
+			// adds the fingerprint argument and the status tool to its
+			// tools/list answer (DESIGN section 9).
+			continue
+		}
 		tools, err := operationTools(op, t)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("operation %s: %w", op.Name, err))

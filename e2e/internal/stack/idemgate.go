@@ -81,21 +81,23 @@ func (c idemgateConfig) render() ([]byte, error) {
 	}
 
 	ops, ok := doc["operations"].([]any)
-	if !ok || len(ops) != 1 {
-		return nil, fmt.Errorf("the shipped idemgate.yaml should have exactly one operation, has %v", doc["operations"])
+	if !ok || len(ops) == 0 {
+		return nil, fmt.Errorf("the shipped idemgate.yaml should have operations, has %v", doc["operations"])
 	}
-	op, ok := ops[0].(map[string]any)
-	if !ok {
-		return nil, errors.New("operations[0] of the shipped idemgate.yaml is not a mapping")
-	}
-	if c.ignoreKeys {
-		// DESIGN section 8: an explicit empty string means the downstream
-		// ignores keys.
-		op["downstream_idempotency_header"] = ""
-	}
-	if c.upstreamTimeout > 0 {
-		// The config says this equals the confirm route's timeout.
-		op["upstream_timeout"] = c.upstreamTimeout.String()
+	for i := range ops {
+		op, ok := ops[i].(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("operations[%d] of the shipped idemgate.yaml is not a mapping", i)
+		}
+		if c.ignoreKeys {
+			// DESIGN section 8: an explicit empty string means the downstream
+			// ignores keys (the payments service ignores them on every face).
+			op["downstream_idempotency_header"] = ""
+		}
+		if _, isMCP := op["mcp"]; c.upstreamTimeout > 0 && !isMCP {
+			// The config says this equals the confirm route's timeout.
+			op["upstream_timeout"] = c.upstreamTimeout.String()
+		}
 	}
 	return yaml.Marshal(doc)
 }

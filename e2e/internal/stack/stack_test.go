@@ -56,9 +56,13 @@ func TestIdemgateConfigIsTheShippedOne(t *testing.T) {
 		ttl := m["ttl"].(map[string]any)
 		delete(ttl, "fingerprint")
 		delete(ttl, "in_flight")
-		op := m["operations"].([]any)[0].(map[string]any)
-		delete(op, "downstream_idempotency_header")
-		delete(op, "upstream_timeout")
+		for i, o := range m["operations"].([]any) {
+			op := o.(map[string]any)
+			delete(op, "downstream_idempotency_header")
+			if i == 0 { // the HTTP operation; the MCP one keeps its own
+				delete(op, "upstream_timeout")
+			}
+		}
 	}
 	require.Equal(t, want, got)
 
@@ -79,8 +83,9 @@ func TestIdemgateConfigIsTheShippedOne(t *testing.T) {
 	require.Equal(t, "tiered", rt.Store.Backend())
 	require.Equal(t, storeTimeout, rt.Store.Timeout)
 	require.Equal(t, config.TTLSettings{Fingerprint: 3 * time.Second, InFlight: 2 * time.Second, Terminal: 72 * time.Hour}, rt.TTL)
-	require.Len(t, rt.Operations, 1)
+	require.Len(t, rt.Operations, 2, "the HTTP operation and the MCP one")
 	require.False(t, rt.Operations[0].HonoursKeys())
+	require.False(t, rt.Operations[1].HonoursKeys())
 	require.Equal(t, "text", rt.Log.Format)
 
 	// Without options only addresses, logs, drain and deadlines change.
@@ -131,7 +136,7 @@ func TestBootstrapEdits(t *testing.T) {
 	}
 	require.Equal(t, map[string]time.Duration{
 		"transfer_preview": 10 * time.Second, "transfer_confirm": 1500 * time.Millisecond,
-		"transfer_status": 5 * time.Second, "catch_all": 15 * time.Second,
+		"transfer_status": 5 * time.Second, "catch_all": 15 * time.Second, "mcp": 30 * time.Second,
 	}, timeouts)
 	var found bool
 	for _, f := range h.GetHttpFilters() {

@@ -1,0 +1,236 @@
+package chaos
+
+import (
+	"context"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/e2e/internal/stack"
+)
+
+// Options shape one run.
+type Options struct {
+	Seed     int64
+	Duration time.Duration
+	// HonoursKeys: payments deduplicates by Idempotency-Key (and idemgate
+	// sends it); otherwise payments executes every call it gets.
+	HonoursKeys bool
+	Pods        int
+	Agents      int
+	Users       int
+	// InFlightTTL is ttl.in_flight, short so that leases expire during the
+	// run; ConfirmRouteTimeout is above it, so an upstream slower than the
+	// lease is still waited for (and its lease taken over meanwhile).
+	InFlightTTL         time.Duration
+	ConfirmRouteTimeout time.Duration
+	// ConfirmRetryOn replaces the confirm route's retry_on (empty: as
+	// shipped, "reset,connect-failure"). With a key-ignoring payments the
+	// run uses "connect-failure,reset-before-request": Envoy's retry after a
+	// reset re-sends a confirm the upstream may have executed, a second
+	// payment idemgate cannot see (TestShippedRetryOnResetDoublePays).
+	ConfirmRetryOn string
+	// FaultGap is the mean pause between two faults of one lane.
+	FaultGap time.Duration
+	// FaultKinds limits the kinds injected (nil: all).
+	FaultKinds []string
+	// OwnPostgres runs a PostgreSQL instance of the run's own, which the
+	// injector may crash and restart; otherwise a fresh database on the
+	// shared server (never restarted).
+	OwnPostgres bool
+	// Rerun is the command the report prints to run this again.
+	Rerun string
+}
+
+func (o *Options) defaults() {
+	if o.Pods == 0 {
+		o.Pods = 3
+	}
+	if o.Agents == 0 {
+		o.Agents = 6
+	}
+	if o.Users == 0 {
+		o.Users = 3
+	}
+	if o.InFlightTTL == 0 {
+		o.InFlightTTL = 3 * time.Second
+	}
+	if o.ConfirmRouteTimeout == 0 {
+		o.ConfirmRouteTimeout = 8 * time.Second
+	}
+	if o.ConfirmRetryOn == "" && !o.HonoursKeys {
+		o.ConfirmRetryOn = SafeRetryOn
+	}
+	if o.FaultGap == 0 {
+		o.FaultGap = 2 * time.Second
+	}
+}
+
+// SafeRetryOn retries only what never reached the upstream.
+const SafeRetryOn = "connect-failure,reset-before-request"
+
+// Result is a finished run: its history, the violations and the report.
+type Result struct {
+	History    History
+	Violations []Violation
+	Report     string
+}
+
+// Run brings up a topology, lets the agents work under faults for
+// opts.Duration, waits for the leases to expire, has every undecided
+// fingerprint confirmed once more, reads PostgreSQL and checks the history.
+func Run(t testing.TB, env stack.Env, opts Options) Result {
+	t.Helper()
+	opts.defaults()
+	rec := NewRecorder()
+	ledger := NewLedger(rec)
+	tp := StartTopology(t, env, opts, ledger)
+	started := time.Now()
+
+	client := &http.Client{Transport: &http.Transport{
+		MaxIdleConnsPerHost: 64, IdleConnTimeout: 10 * time.Second,
+		DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+	}}
+	defer client.CloseIdleConnections()
+	mem := &memory{}
+	ctx, cancel := context.WithTimeout(context.Background(), opts.Duration)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range opts.Agents {
+		a, err := newAgent(i, opts.Seed, opts.Users, tp.Pods, client, rec, mem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { a.Run(ctx) })
+	}
+	in := NewInjector(tp, rec, opts.Seed, opts.FaultKinds)
+	injErr := in.Run(ctx, opts.FaultGap)
+	wg.Wait()
+	if injErr != nil {
+		t.Fatalf("the fault injector could not restore the topology: %v", injErr)
+	}
+	faultsEnd := in.End()
+	for _, p := range tp.Pods {
+		if err := p.Idemgate.WaitReady(60 * time.Second); err != nil {
+			t.Fatalf("idemgate %d not ready after the faults: %v", p.Index, err)
+		}
+	}
+
+	// Leases expire; then every fingerprint whose agent did not get a
+	// decision is confirmed again until it does (bounded).
+	if wait := time.Until(faultsEnd.Add(opts.InFlightTTL + 500*time.Millisecond)); wait > 0 {
+		time.Sleep(wait)
+	}
+	sweep(rec, tp.Pods, client, opts)
+
+	rowsAt := time.Now()
+	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer rcancel()
+	rows, err := tp.Rows(rctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls, faults, issued := rec.Snapshot()
+	st := tp.Payments.Stats()
+	h := History{
+		Seed: opts.Seed, HonoursKeys: opts.HonoursKeys, Issued: issued, Calls: calls, Faults: faults,
+		Upstream: ledger.Calls(), ExecutionsByKey: st.ExecutionsByKey, TotalExecutions: st.Executions,
+		StoredResult: map[string][]byte{}, Rows: rows, FaultsEnd: faultsEnd, RowsAt: rowsAt,
+		InFlightTTL: opts.InFlightTTL,
+	}
+	if opts.HonoursKeys {
+		for k := range st.ExecutionsByKey {
+			if r, ok := tp.Payments.RecordForKey(k); ok {
+				h.StoredResult[k] = r.Body
+			}
+		}
+	}
+	vs := Check(h)
+	res := Result{History: h, Violations: vs, Report: Report(h, vs, opts, time.Since(started))}
+	if len(vs) > 0 {
+		seen := map[string]bool{}
+		for _, v := range vs {
+			if v.Nonce != "" && !seen[v.Nonce] && len(seen) < 8 {
+				seen[v.Nonce] = true
+				t.Logf("%s", Timeline(h, v.Nonce))
+			}
+		}
+		for _, p := range tp.Pods {
+			g, e := p.Logs()
+			t.Logf("---- idemgate %d log (tail) ----\n%s", p.Index, tail(g, 12000))
+			t.Logf("---- envoy %d log (tail) ----\n%s", p.Index, tail(e, 4000))
+		}
+	}
+	return res
+}
+
+// sweep confirms again, through the pods in turn, every fingerprint whose
+// last answer left it undecided, until it is decided (a few tries each).
+func sweep(rec *Recorder, pods []*Pod, client *http.Client, opts Options) {
+	calls, _, _ := rec.Snapshot()
+	byNonce := map[string][]Call{}
+	agentOf := map[string]int{}
+	for _, c := range calls {
+		if c.Kind != KindPreview && c.Nonce != "" {
+			byNonce[c.Nonce] = append(byNonce[c.Nonce], c)
+			agentOf[c.Nonce] = c.Agent
+		}
+	}
+	_, _, issued := rec.Snapshot()
+	agents := map[int]*Agent{}
+	for _, n := range sortedKeys(byNonce) {
+		last, ok := lastDecisive(byNonce[n])
+		if !ok || decided(last) {
+			continue
+		}
+		id := agentOf[n]
+		a := agents[id]
+		if a == nil {
+			var err error
+			if a, err = newAgent(id, opts.Seed, opts.Users, pods, client, rec, &memory{}); err != nil {
+				continue
+			}
+			a.rng = rand.New(rand.NewPCG(uint64(opts.Seed), 0x5eed))
+			agents[id] = a
+		}
+		a.task = -1
+		for try := range 8 {
+			c := a.confirm(context.Background(), issued[n], issued[n].Params, "final check", try%len(pods), defaultTimeout)
+			a.rec.Call(c)
+			if decided(c) {
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+}
+
+// decided says an answer settles the fingerprint for good.
+func decided(c Call) bool {
+	if c.Kind == KindStatus {
+		return c.Envelope != nil && isTerminalStatus(c.Envelope.Status)
+	}
+	switch classify(c) {
+	case ClassResult, ClassReplay, ClassReconcile:
+		return true
+	}
+	return false
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n:]
+}
+
+// String names the mode in reports.
+func mode(honours bool) string {
+	if honours {
+		return "payments honours Idempotency-Key"
+	}
+	return "payments ignores Idempotency-Key"
+}

@@ -1,0 +1,123 @@
+package stack
+
+import (
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"sigs.k8s.io/yaml"
+)
+
+// This file exports the pieces of a stack that a multi-replica topology
+// (e2e/chaos) assembles itself: several idemgate processes sharing stores,
+// each behind its own Envoy. Start keeps building the one-replica stack.
+
+// ReplicaConfig is what RenderIdemgateConfig changes in the shipped
+// envoy/idemgate.yaml (see idemgateConfig).
+type ReplicaConfig struct {
+	GRPCAddr, AdminAddr string
+	// RedisAddr is written as the single store.redis.addrs entry; a caller
+	// that runs Sentinel edits mode, addrs and master_name afterwards.
+	RedisAddr       string
+	FingerprintTTL  time.Duration
+	InFlightTTL     time.Duration
+	IgnoreKeys      bool
+	UpstreamTimeout time.Duration
+}
+
+// RenderIdemgateConfig derives an idemgate.yaml from the shipped one, with the
+// widened store deadlines every stack uses.
+func RenderIdemgateConfig(c ReplicaConfig) ([]byte, error) {
+	return idemgateConfig{
+		grpcAddr: c.GRPCAddr, adminAddr: c.AdminAddr, redisAddr: c.RedisAddr,
+		fingerprintTTL: c.FingerprintTTL, inFlightTTL: c.InFlightTTL,
+		ignoreKeys: c.IgnoreKeys, upstreamTimeout: c.UpstreamTimeout,
+	}.render()
+}
+
+// NewSigningKey returns a fresh signing key as `idemgate keygen` prints it.
+func NewSigningKey() (string, error) { return newSigningKey() }
+
+// NewIdemgate returns an idemgate child process (not started) that serves
+// the config at configPath with signingKey and the PostgreSQL dsn in its
+// environment, as the shipped config reads them.
+func NewIdemgate(bin, configPath, signingKey, dsn, grpcAddr, adminAddr string) *Idemgate {
+	return &Idemgate{
+		bin: bin, configPath: configPath, env: childEnv(signingKey, dsn),
+		GRPCAddr: grpcAddr, AdminAddr: adminAddr, log: &logBuffer{},
+	}
+}
+
+// StartProcess runs the server and waits for its `ready` line only, not for
+// /readyz: a replica restarted while a store is down must still take
+// streams (DESIGN section 7).
+func (g *Idemgate) StartProcess() error { return g.startProcess() }
+
+// BootstrapOptions are RenderBootstrap's changes beyond the addresses.
+type BootstrapOptions struct {
+	// ConfirmRouteTimeout replaces the confirm route's timeout when > 0.
+	ConfirmRouteTimeout time.Duration
+	// ConfirmRetryOn replaces the confirm route's retry_policy.retry_on
+	// when set: a downstream that ignores Idempotency-Key must not get a
+	// request retried after it may have arrived (see e2e/chaos).
+	ConfirmRetryOn string
+}
+
+// RenderBootstrap returns the shipped envoy.yaml bound to loopback port 0
+// (listener and admin), its idemgate and payments clusters pointed at the
+// given addresses, the stacks' ext_proc message timeout, and o applied.
+func RenderBootstrap(idemgateAddr, paymentsAddr string, o BootstrapOptions) ([]byte, error) {
+	raw, err := renderBootstrap(bootstrapEdits{
+		listenAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0",
+		clusters:            map[string]string{"idemgate": idemgateAddr, "payments": paymentsAddr},
+		confirmRouteTimeout: o.ConfirmRouteTimeout,
+		messageTimeout:      extProcMessageTimeout,
+	})
+	if err != nil || o.ConfirmRetryOn == "" {
+		return raw, err
+	}
+	js, err := yaml.YAMLToJSON(raw)
+	if err != nil {
+		return nil, err
+	}
+	var bs bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(js, &bs); err != nil {
+		return nil, err
+	}
+	hcm := bs.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig()
+	if err := editHCM(hcm, func(h *hcmv3.HttpConnectionManager) error {
+		for _, vh := range h.GetRouteConfig().GetVirtualHosts() {
+			for _, r := range vh.GetRoutes() {
+				if r.GetName() == confirmRouteName && r.GetRoute().GetRetryPolicy() != nil {
+					r.GetRoute().GetRetryPolicy().RetryOn = o.ConfirmRetryOn
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("envoy.yaml has no route %q with a retry policy", confirmRouteName)
+	}); err != nil {
+		return nil, err
+	}
+	out, err := protojson.Marshal(&bs)
+	if err != nil {
+		return nil, err
+	}
+	return yaml.JSONToYAML(out)
+}
+
+// StartEnvoy runs the pinned Envoy binary on bootstrap and waits until it is
+// ready; the caller closes it.
+func StartEnvoy(t testing.TB, bin string, bootstrap []byte) (*Envoy, error) {
+	return startEnvoy(t, bin, bootstrap)
+}
+
+// Kill ends Envoy with SIGKILL (a crash: open connections are reset, nothing
+// is drained) and waits for the process to be gone.
+func (f *Envoy) Kill() {
+	_ = f.cmd.Process.Signal(syscall.SIGKILL)
+	<-f.exited
+}

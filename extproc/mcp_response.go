@@ -1,0 +1,336 @@
+package extproc
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/idemgate/idemgate/extproc/config"
+	"github.com/idemgate/idemgate/extproc/envelope"
+	"github.com/idemgate/idemgate/state"
+)
+
+// mcpResponseHeaders decides from the upstream's status and content type
+// whether the response body is needed: for tools/list and a successful
+// preview to rewrite it, for an acquired confirm to classify and record it.
+func (ex *exchange) mcpResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, bool) {
+	m := ex.mcp
+	if m.kind == mcpPass || (m.kind == mcpTool && ex.kind == config.KindConfirm && !ex.acquired) {
+		return responseHeadersReply(nil, noResponseBodyMode), true
+	}
+	m.status = responseStatus(h)
+	ct, _ := headerValue(h.GetHeaders(), hdrContentType)
+	m.sse = strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), "text/event-stream")
+	_, m.hasLength = headerValue(h.GetHeaders(), hdrContentLength)
+	ok2xx := m.status >= 200 && m.status <= 299
+
+	if m.kind == mcpTool && ex.kind == config.KindConfirm {
+		ex.respStatus = m.status
+		ex.respHeaders = []state.Header{{Name: hdrContentType, Value: "application/json"}}
+		if !ok2xx {
+			ex.respClass = ex.op.Outcomes.Classify(m.status)
+			if ex.respClass == classAmbiguous {
+				ex.settleAmbiguous("upstream answered " + strconv.Itoa(m.status))
+				return responseHeadersReply(nil, noResponseBodyMode), true
+			}
+			if h.GetEndOfStream() {
+				ex.complete(nil)
+				return responseHeadersReply(nil, nil), true
+			}
+			return responseHeadersReply(nil, nil), false
+		}
+		if h.GetEndOfStream() {
+			// 202 or an empty 200: no JSON-RPC response at all.
+			ex.respClass = classAmbiguous
+			ex.settleAmbiguous("the upstream answered without a JSON-RPC response")
+			return responseHeadersReply(nil, nil), true
+		}
+		return responseHeadersReply(nil, nil), false
+	}
+	// tools/list and preview: only a successful response body is rewritten.
+	if !ok2xx || h.GetEndOfStream() {
+		ex.decision("passed_through")
+		return responseHeadersReply(nil, noResponseBodyMode), true
+	}
+	return responseHeadersReply(nil, nil), false
+}
+
+// mcpResponseBody handles the buffered response body.
+func (ex *exchange) mcpResponseBody(body []byte) (*extprocv3.ProcessingResponse, bool) {
+	m := ex.mcp
+	switch {
+	case m.kind == mcpTool && ex.kind == config.KindConfirm:
+		if ex.acquired && !ex.settled {
+			ex.mcpRecordConfirm(body)
+		}
+		// The upstream's answer reaches the client unchanged.
+		return responseBodyReply(nil, nil, false), true
+	case m.kind == mcpTool && ex.kind == config.KindPreview:
+		return ex.mcpRewrite(body, ex.mcpInjectPreview), true
+	case m.kind == mcpList:
+		return ex.mcpRewrite(body, ex.mcpAugmentList), true
+	}
+	return responseBodyReply(nil, nil, false), true
+}
+
+// mcpFinal finds the JSON-RPC response to this request in a response body:
+// the body itself (application/json) or, in an event stream, the event whose
+// message has the request's id and a result or error (notifications before
+// it pass untouched). ev is the event (nil for JSON).
+func (m *mcpExchange) mcpFinal(body []byte) (msg []byte, ev *sseEvent, found bool) {
+	isResponse := func(raw []byte) bool {
+		ms, ok := objectMembers(raw)
+		if !ok || !sameID(member(ms, "id"), m.id) {
+			return false
+		}
+		return member(ms, "result") != nil || member(ms, "error") != nil
+	}
+	if !m.sse {
+		raw := bytes.TrimSpace(body)
+		return raw, nil, isResponse(raw)
+	}
+	events := parseSSE(body)
+	for i := range events {
+		if isResponse(events[i].data) {
+			return events[i].data, &events[i], true
+		}
+	}
+	return nil, nil, false
+}
+
+// mcpRewrite replaces the final response in body by what edit makes of it,
+// fixing content-length when the upstream sent one (Envoy compares it with
+// the new body; a chunked event stream has none).
+func (ex *exchange) mcpRewrite(body []byte, edit func(msg []byte) ([]byte, bool)) *extprocv3.ProcessingResponse {
+	m := ex.mcp
+	msg, ev, found := m.mcpFinal(body)
+	if !found {
+		ex.logger().Warn("no JSON-RPC response with the request's id in the upstream's answer; passed through unchanged", "sse", m.sse)
+		ex.decision("passed_through")
+		return responseBodyReply(nil, nil, false)
+	}
+	newMsg, changed := edit(msg)
+	if !changed {
+		return responseBodyReply(nil, nil, false)
+	}
+	out := newMsg
+	if ev != nil {
+		out = sseReplace(body, *ev, compactJSON(newMsg))
+	}
+	var mut *extprocv3.HeaderMutation
+	if m.hasLength {
+		mut = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(hdrContentLength, strconv.AppendInt(nil, int64(len(out)), 10))}}
+	}
+	return responseBodyReply(mut, out, true)
+}
+
+// mcpRecordConfirm classifies the upstream's answer to an acquired confirm
+// (DESIGN section 9) and settles the record: a result whose isError is not
+// true, or a task handle, is DONE; isError true and the definite JSON-RPC
+// errors -32602 (invalid params) and -32601 (no such method) are FAILED;
+// any other error, an answer asking for input (MRTR: the call is not
+// finished), or a stream that ended before the final response (under
+// 2026-07-28 a closed stream cancels the request, so the server may have
+// half-acted) is ambiguous. The stored result is the whole JSON-RPC
+// response, so a replay can show what the upstream said.
+func (ex *exchange) mcpRecordConfirm(body []byte) {
+	if ex.respClass == classFailed {
+		// A definite HTTP refusal (4xx): recorded with its body.
+		ex.complete(body)
+		return
+	}
+	msg, _, found := ex.mcp.mcpFinal(body)
+	if !found {
+		ex.respClass = classAmbiguous
+		ex.settleAmbiguous("the response ended before the final JSON-RPC response")
+		return
+	}
+	class, why := mcpOutcome(msg)
+	ex.respClass = class
+	if class == classAmbiguous {
+		ex.settleAmbiguous(why)
+		return
+	}
+	ex.complete(append([]byte(nil), msg...))
+}
+
+// mcpOutcome is the outcome class of a JSON-RPC response to tools/call.
+func mcpOutcome(msg []byte) (outcomeClass, string) {
+	ms, _ := objectMembers(msg)
+	if result := member(ms, "result"); result != nil {
+		rt, _ := jsonString(memberOf(result, "resultType"))
+		switch {
+		case rt == "task":
+			return classDone, ""
+		case rt == "input_required":
+			return classAmbiguous, "the upstream asked for more input (input_required)"
+		case isTrue(memberOf(result, "isError")):
+			return classFailed, ""
+		}
+		return classDone, ""
+	}
+	code := string(bytes.TrimSpace(memberOf(member(ms, "error"), "code")))
+	switch code {
+	case "-32602", "-32601":
+		return classFailed, ""
+	}
+	return classAmbiguous, "the upstream answered JSON-RPC error " + code
+}
+
+// mcpInjectPreview signs a fingerprint into a successful preview result:
+// fingerprint and its expiry in structuredContent (when that is an object
+// or absent), and one text block that carries the token, because many
+// clients give the model only content. No storage write.
+func (ex *exchange) mcpInjectPreview(msg []byte) ([]byte, bool) {
+	result := memberOf(msg, "result")
+	if result == nil || isTrue(memberOf(result, "isError")) {
+		ex.decision("passed_through")
+		return nil, false
+	}
+	if rt, _ := jsonString(memberOf(result, "resultType")); rt != "" && rt != "complete" {
+		ex.decision("passed_through")
+		return nil, false
+	}
+	token, expiresAt, err := ex.sign()
+	if err != nil {
+		ex.logger().Error("failed to sign a fingerprint; preview passed through without one", "error", err)
+		ex.decision("sign_failed")
+		return nil, false
+	}
+	expires := expiresAt.Format(time.RFC3339)
+	op := ex.op
+	set := make([]rawSet, 0, 2)
+	sc := memberOf(result, "structuredContent")
+	switch _, isObject := objectMembers(sc); {
+	case sc == nil || string(bytes.TrimSpace(sc)) == "null":
+		set = append(set, rawSet{"structuredContent", editObject([]byte("{}"), nil,
+			rawSet{op.FingerprintField, envelope.AppendString(nil, token)}, rawSet{op.ExpiresAtField, envelope.AppendString(nil, expires)})})
+	case isObject:
+		out, _ := injectFields(sc, field{op.FingerprintField, token}, field{op.ExpiresAtField, expires})
+		set = append(set, rawSet{"structuredContent", out})
+	default:
+		// An array or scalar has no room for members: the text block carries it.
+	}
+	texts := ex.mcpTexts()
+	block := appendTextBlock(nil, envelope.FillPreviewBlock(texts.PreviewBlock, token, expires))
+	set = append(set, rawSet{"content", appendElements(memberOf(result, "content"), block)})
+	ex.decision("signed")
+	return editObject(msg, nil, rawSet{"result", editObject(result, nil, set...)}), true
+}
+
+// mcpTexts returns the MCP texts of the stream's operation.
+func (ex *exchange) mcpTexts() envelope.MCPText { return textsOf(ex.op, ex.srv.cfg.Language) }
+
+// mcpAugmentList rewrites a tools/list result: every confirm tool of the
+// endpoint gains the required fingerprint argument (and loses its
+// outputSchema: idemgate's replays and refusals carry the envelope as
+// structuredContent, which a client validating against the upstream's
+// schema would reject), a preview tool's outputSchema gains the injected
+// fields, and on the last page (no nextCursor) the status tools are
+// appended. Cursors and every other tool pass unchanged.
+func (ex *exchange) mcpAugmentList(msg []byte) ([]byte, bool) {
+	m := ex.mcp
+	result := memberOf(msg, "result")
+	tools, ok := arrayElements(memberOf(result, "tools"))
+	if result == nil || !ok {
+		return nil, false
+	}
+	out := make([][]byte, 0, len(tools)+len(m.ep.Ops))
+	for _, t := range tools {
+		name, _ := jsonString(memberOf(t, "name"))
+		target, guarded := m.ep.Tools[name]
+		switch {
+		case !guarded:
+			out = append(out, t)
+		case target.Kind == config.KindConfirm:
+			out = append(out, withFingerprintArgument(t, target.Op, ex.srv.cfg.Language))
+		case target.Kind == config.KindPreview:
+			out = append(out, withPreviewOutput(t, target.Op))
+		default:
+			// The upstream has a tool of the status tool's name; idemgate
+			// answers that name itself, so only its own definition is listed.
+			ex.logger().Warn("the upstream lists a tool named like a status tool; idemgate answers that name and lists its own definition", "tool", name)
+		}
+	}
+	if next := bytes.TrimSpace(memberOf(result, "nextCursor")); len(next) == 0 || string(next) == "null" {
+		for _, op := range m.ep.Ops {
+			out = append(out, statusToolDefinition(op, ex.srv.cfg.Language))
+		}
+	}
+	ex.decision("tools_listed")
+	return editObject(msg, nil, rawSet{"result", editObject(result, nil, rawSet{"tools", appendElements(nil, out...)})}), true
+}
+
+func textsOf(op *config.Operation, language string) envelope.MCPText {
+	return envelope.MCPTexts(language, envelope.MCPTool{
+		PreviewTool: op.MCP.PreviewTool, ConfirmTool: op.MCP.ConfirmTool, StatusTool: op.MCP.StatusTool, Field: op.FingerprintField,
+	})
+}
+
+// fingerprintProperty is the JSON Schema of the fingerprint argument.
+func fingerprintProperty(description string) []byte {
+	b := append([]byte(`{"type":"string","description":`), envelope.AppendString(nil, description)...)
+	return append(b, '}')
+}
+
+// withFingerprintArgument adds the required fingerprint argument to a
+// confirm tool's inputSchema.
+func withFingerprintArgument(tool []byte, op *config.Operation, language string) []byte {
+	schema := memberOf(tool, "inputSchema")
+	if _, ok := objectMembers(schema); !ok {
+		schema = []byte(`{"type":"object"}`)
+	}
+	props := memberOf(schema, "properties")
+	if _, ok := objectMembers(props); !ok {
+		props = []byte("{}")
+	}
+	props = editObject(props, nil, rawSet{op.FingerprintField, fingerprintProperty(textsOf(op, language).FingerprintArgument)})
+	required, _ := arrayElements(memberOf(schema, "required"))
+	listed := false
+	for _, r := range required {
+		if s, _ := jsonString(r); s == op.FingerprintField {
+			listed = true
+		}
+	}
+	if !listed {
+		required = append(required, envelope.AppendString(nil, op.FingerprintField))
+	}
+	schema = editObject(schema, nil, rawSet{"properties", props}, rawSet{"required", appendElements(nil, required...)})
+	return editObject(tool, []string{"outputSchema"}, rawSet{"inputSchema", schema})
+}
+
+// withPreviewOutput declares the injected fields in a preview tool's
+// outputSchema, when it has properties (a client validating the result must
+// accept them even under additionalProperties: false).
+func withPreviewOutput(tool []byte, op *config.Operation) []byte {
+	schema := memberOf(tool, "outputSchema")
+	props := memberOf(schema, "properties")
+	if _, ok := objectMembers(props); !ok {
+		return tool
+	}
+	str := []byte(`{"type":"string"}`)
+	props = editObject(props, nil, rawSet{op.FingerprintField, str}, rawSet{op.ExpiresAtField, str})
+	return editObject(tool, nil, rawSet{"outputSchema", editObject(schema, nil, rawSet{"properties", props})})
+}
+
+// statusToolDefinition is the tools/list entry of an operation's status
+// tool, which idemgate answers itself.
+func statusToolDefinition(op *config.Operation, language string) []byte {
+	texts := textsOf(op, language)
+	b := []byte(`{"name":`)
+	b = envelope.AppendString(b, op.MCP.StatusTool)
+	b = append(b, `,"description":`...)
+	b = envelope.AppendString(b, texts.StatusTool)
+	b = append(b, `,"inputSchema":{"type":"object","properties":{`...)
+	b = envelope.AppendString(b, op.FingerprintField)
+	b = append(b, ':')
+	b = append(b, fingerprintProperty(texts.StatusFingerprintArgument)...)
+	b = append(b, `},"required":[`...)
+	b = envelope.AppendString(b, op.FingerprintField)
+	b = append(b, `]},"annotations":{"readOnlyHint":true,"idempotentHint":true}}`...)
+	return b
+}

@@ -1,0 +1,92 @@
+package extproc
+
+import (
+	"bytes"
+)
+
+// sseEvent is one dispatched Server-Sent Event of a buffered response body
+// (WHATWG HTML, "Interpreting an event stream"): the byte span of its lines
+// in the body (terminating blank line included) and its data, the data
+// fields joined by line feeds.
+type sseEvent struct {
+	start, end int
+	data       []byte
+	// other holds the event's lines that are not data fields (id, event,
+	// retry, comments), so a rewritten event keeps them.
+	other [][]byte
+}
+
+// parseSSE splits body into events. Lines end in CRLF, LF or CR; an event
+// is dispatched at a blank line, so trailing lines without one (a stream cut
+// mid-event) form no event, exactly as a client discards them.
+func parseSSE(body []byte) []sseEvent {
+	var (
+		events  []sseEvent
+		cur     sseEvent
+		hasData bool
+		inEvent bool
+	)
+	i := 0
+	if bytes.HasPrefix(body, []byte("\xEF\xBB\xBF")) {
+		i = 3 // a leading BOM is ignored
+	}
+	cur.start = i
+	for i < len(body) {
+		j := i
+		for j < len(body) && body[j] != '\n' && body[j] != '\r' {
+			j++
+		}
+		line := body[i:j]
+		next := j
+		if next < len(body) {
+			if body[next] == '\r' && next+1 < len(body) && body[next+1] == '\n' {
+				next += 2
+			} else {
+				next++
+			}
+		} else {
+			// The last line has no end: the stream stopped mid-line.
+			break
+		}
+		if len(line) == 0 {
+			if inEvent {
+				cur.end = next
+				if hasData {
+					cur.data = bytes.TrimSuffix(cur.data, []byte("\n"))
+					events = append(events, cur)
+				}
+			}
+			cur, hasData, inEvent = sseEvent{start: next}, false, false
+			i = next
+			continue
+		}
+		inEvent = true
+		name, value := line, []byte(nil)
+		if k := bytes.IndexByte(line, ':'); k >= 0 {
+			name, value = line[:k], line[k+1:]
+			value = bytes.TrimPrefix(value, []byte(" "))
+		}
+		if string(name) == "data" && len(line) > 0 && line[0] != ':' {
+			cur.data = append(append(cur.data, value...), '\n')
+			hasData = true
+		} else {
+			cur.other = append(cur.other, line)
+		}
+		i = next
+	}
+	return events
+}
+
+// sseReplace returns body with event ev's data replaced by data (one data
+// line; data must hold no line break), its other lines kept.
+func sseReplace(body []byte, ev sseEvent, data []byte) []byte {
+	out := make([]byte, 0, len(body)-(ev.end-ev.start)+len(data)+64)
+	out = append(out, body[:ev.start]...)
+	for _, l := range ev.other {
+		out = append(append(out, l...), '\n')
+	}
+	out = append(out, "data: "...)
+	out = append(out, data...)
+	out = append(out, "\n\n"...)
+	return append(out, body[ev.end:]...)
+}
