@@ -71,12 +71,13 @@ func executedTo(t *testing.T, r *stack.Response) (amount, account string) {
 	return tr.Amount, tr.Payee.AccountID
 }
 
-// TestBindingRule (issue 11): each body that confirmed a different operation
-// than the one previewed — a case twin of a bound key, of a key inside the
-// bound path, of the intermediate object, and an NFD spelling of the account
-// id — is refused through the full stack (Envoy, idemgate, the demo
-// payments API, which decodes with encoding/json), nothing is executed, a
-// security_alert is logged, and the exact previewed body then confirms.
+// TestBindingRule (docs/design.md section 2): each body that once confirmed
+// a different operation than the one previewed — a case twin of a bound
+// key, of a key inside the bound path, of the intermediate object, and an
+// NFD spelling of the account id — is refused through the full stack
+// (Envoy, idemgate, the demo payments API, which decodes with
+// encoding/json), nothing is executed, a security_alert is logged, and the
+// exact previewed body then confirms.
 func TestBindingRule(t *testing.T) {
 	s := startStack(t, stack.Options{})
 	const user = "alice"

@@ -1,5 +1,5 @@
 // Package e2e holds idemgate's end-to-end tests: the list of section 十 of
-// the seed note (../shared/seed, "怎么测"), the failures DESIGN.md promises
+// the seed note (../shared/seed, "怎么测"), the failures docs/design.md promises
 // to survive, and contract tests of what the real Envoy does around
 // idemgate. Each test runs against a complete deployment of its own.
 //

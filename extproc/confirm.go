@@ -554,9 +554,11 @@ func (ex *exchange) replyFailed() {
 }
 
 // finish settles a record this stream still holds when the stream ends: the
-// request was let through but no response phase completed (Envoy's own
-// local replies — upstream timeout, reset, 413 — never reach ext_proc; the
-// stream is simply cancelled).
+// request was let through but no response phase completed. Envoy 1.40 runs
+// most of its own local replies (the router's 504 and 503) through the
+// response phase, where confirmResponseHeaders classifies them; the 500 for
+// a response over the buffer limit does not, and a cancelled stream ends
+// here too (docs/design.md section 4).
 func (ex *exchange) finish() {
 	switch {
 	case ex.settled:

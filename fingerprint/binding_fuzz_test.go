@@ -28,7 +28,7 @@ import (
 // previewedBody is the confirm body of the previewed transfer, fingerprint
 // field included (its value is opaque here).
 // The account id holds an "é" (U+00E9) so that its NFD spelling is another
-// account to the upstream (issue 11, fourth row).
+// account to the upstream (the NFD row of README's binding-rule table).
 const previewedBody = `{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_caf\u00e9","name":"Alice"},"memo":"rent","fingerprint":"fp.token"}`
 
 // demoParams are the demo operation's params (cmd/idemgate's demo config).
@@ -211,7 +211,8 @@ func (fx bindingFixture) checkBody(t *testing.T, body []byte) {
 type bindingSeed struct{ body, ops []byte }
 
 // bindingSeeds are FuzzBinding's seeds (the committed corpus adds to them):
-// every mutation with a few arguments, and the bodies of issue 11.
+// every mutation with a few arguments, and the four bodies that once
+// confirmed another operation (docs/design.md section 2).
 func bindingSeeds() []bindingSeed {
 	seeds := []bindingSeed{{[]byte(previewedBody), []byte{}}}
 	for op := range byte(opCount) {

@@ -22,8 +22,10 @@ func bindSelect(t *testing.T, params []fingerprint.Param, body string) (fingerpr
 	return sel.Select(doc, nil)
 }
 
-// The four bodies of issue 11, and their relatives: each is refused with
-// the offending keys named by JSON path.
+// The case-twin bodies that once confirmed another operation (docs/design.md
+// section 2: a twin of a bound key, of a key inside the bound path, of the
+// intermediate object), and their relatives: each is refused with the
+// offending keys named by JSON path.
 func TestBindingRefusesAmbiguousKeys(t *testing.T) {
 	for _, tc := range []struct {
 		name   string

@@ -10,7 +10,8 @@ import (
 
 // Violation is one broken invariant.
 type Violation struct {
-	// Invariant is the number in issue 15 (1..6).
+	// Invariant is which of Check's six numbered invariants broke (1..6;
+	// README's "Chaos run" lists them).
 	Invariant int
 	Nonce     string
 	Detail    string

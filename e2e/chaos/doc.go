@@ -1,4 +1,4 @@
-// Package chaos is a seeded chaos run of idemgate (issue 15): real Envoys in
+// Package chaos is a seeded chaos run of idemgate (make chaos): real Envoys in
 // front of several idemgate replicas on shared Redis (Sentinel) and
 // PostgreSQL, simulated agents that retry the ways LLM agents do, faults at
 // seeded moments, and an invariant checker over the recorded history.

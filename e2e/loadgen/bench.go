@@ -674,7 +674,7 @@ func (b *bench) finishReport() {
 		{Name: "replay / floor", Num: scReplay, Den: scFloor, Target: 0.85, TargetConcurrency: at,
 			Note: "a replay is answered after the request body (2 ext_proc messages), the floor exchanges all 4."},
 		{Name: "confirm-tiered / io-floor", Num: scConfirmTiered, Den: scIOFloor, Target: 0.90, Stretch: 2.0, TargetConcurrency: at,
-			Note: "the stretch target (issue 7 item 3) is ≥ 2 × the naive I/O floor once confirms share PostgreSQL round trips."},
+			Note: "the stretch target is ≥ 2 × the naive I/O floor once confirms share PostgreSQL round trips."},
 		{Name: "confirm-postgres / io-floor", Num: scConfirmPostgres, Den: scIOFloor,
 			Note: "the PostgreSQL-only path makes no Redis round trips but its acquire is an INSERT … ON CONFLICT plus read; no target set."},
 	}

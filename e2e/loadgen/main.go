@@ -1,4 +1,4 @@
-// Command loadgen is idemgate's load benchmark (issue 7): it plays Envoy's
+// Command loadgen is idemgate's load benchmark (make bench): it plays Envoy's
 // ext_proc filter against a server at a given concurrency over a given number
 // of HTTP/2 connections and compares, in one run, idemgate with the floors
 // the protocol and the stores impose:

@@ -22,7 +22,7 @@ import (
 	"github.com/idemgate/idemgate/fingerprint"
 )
 
-// Defaults (notes/CONFIG.md).
+// Defaults (DESIGN section 6; README's Configuration section).
 const (
 	DefaultGRPCListen       = ":50051"
 	DefaultAdminListen      = ":9090"

@@ -17,9 +17,9 @@ import (
 	"github.com/goccy/go-yaml/ast"
 )
 
-// File is idemgate.yaml as written (the agreed schema in notes/CONFIG.md,
-// DESIGN section 6). Durations are Go duration strings; pointers mark
-// optional values whose zero is meaningful or invalid.
+// File is idemgate.yaml as written (the schema of DESIGN section 6; every
+// key in README's Configuration section). Durations are Go duration
+// strings; pointers mark optional values whose zero is meaningful or invalid.
 type File struct {
 	GRPCListen  string          `yaml:"grpc_listen"`
 	AdminListen string          `yaml:"admin_listen"`
