@@ -3,6 +3,7 @@ package extproc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -235,6 +236,15 @@ func (ex *exchange) parseRequestBody(body []byte) (parsedBody, *extprocv3.Proces
 	}
 	doc, err := fingerprint.ParseJSON(body, ex.srv.cfg.Limits.MaxJSONDepth)
 	if err != nil {
+		var de *fingerprint.DuplicateKeyError
+		if errors.As(err, &de) && ex.op != nil {
+			// A bound field given twice: the upstream reads one of the two
+			// (Go and most binders the last, some the first). The binding
+			// rule's answer, with its security event.
+			if path, bound := ex.op.Selector.DuplicateOnBoundPath(de); bound {
+				return parsedBody{}, ex.invalidParams(&fingerprint.AmbiguousKeyError{Paths: []string{path}}, fingerprint.Claims{})
+			}
+		}
 		return parsedBody{}, ex.envelope(envelope.InvalidJSON, 0, envelope.Extra{Detail: err.Error()})
 	}
 	if _, isObject := doc.(map[string]any); !isObject {

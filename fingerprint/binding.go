@@ -130,6 +130,52 @@ func (c *bindChecker) walk(v any, node *bindNode) {
 	}
 }
 
+// DuplicateOnBoundPath reports whether a duplicate key that ParseJSON
+// refused (de) lies where the binding rule applies: the duplicated key is a
+// bound segment or equal to one ignoring case, or it sits inside a bound
+// value, or in an object on a bound path whose key folds onto one of its
+// segments. Such a body is refused like a case twin (invalid_params and a
+// security event); a duplicate elsewhere is just malformed JSON. It returns
+// the key's JSON path, escaped as AmbiguousKeyError's paths are.
+func (s *Selector) DuplicateOnBoundPath(de *DuplicateKeyError) (string, bool) {
+	if s == nil || s.bound == nil || len(de.Path) == 0 {
+		return "", false
+	}
+	node := s.bound
+	b := []byte{'$'}
+	for i, step := range de.Path {
+		var seg string
+		switch v := step.(type) {
+		case string:
+			seg = v
+			b = appendPathStep(b, pathStep{key: &v})
+		case int:
+			seg = strconv.Itoa(v)
+			b = appendPathStep(b, pathStep{index: v})
+		default:
+			return "", false
+		}
+		if node.bound {
+			continue // everything inside a bound value is hashed
+		}
+		if i == len(de.Path)-1 {
+			_, folds := node.folded[foldKey(seg)]
+			return string(b), folds
+		}
+		next := node.children[seg]
+		if next == nil {
+			if _, folds := node.folded[foldKey(seg)]; folds {
+				// A case twin of a bound segment, with a duplicate inside:
+				// ambiguous already, and more so.
+				return string(b), true
+			}
+			return "", false
+		}
+		node = next
+	}
+	return string(b), node.bound
+}
+
 // next is the node for the member seg of a value at n: its child, any
 // position inside a bound value, or nil off the bound paths.
 func (n *bindNode) next(seg string) *bindNode {

@@ -70,6 +70,30 @@ type jsonParser struct {
 	maxDepth int
 }
 
+// DuplicateKeyError is ParseJSON's error for an object that holds one key
+// twice (compared after unescaping). Path leads from the document's root to
+// the duplicated key (string keys, int array indexes; the key is last), so
+// that a caller can tell a duplicate on a bound path — a field the upstream
+// may read as either value: the binding rule — from one elsewhere.
+type DuplicateKeyError struct {
+	Offset int
+	Path   []any
+}
+
+func (e *DuplicateKeyError) Error() string {
+	return fmt.Sprintf("%v at offset %d: duplicate object key %q", ErrInvalidJSON, e.Offset, e.Path[len(e.Path)-1])
+}
+
+func (e *DuplicateKeyError) Unwrap() error { return ErrInvalidJSON }
+
+// within prefixes the path of a duplicate found inside a member or element.
+func within(err error, step any) error {
+	if de, ok := err.(*DuplicateKeyError); ok {
+		de.Path = append([]any{step}, de.Path...)
+	}
+	return err
+}
+
 func (p *jsonParser) fail(msg string) error {
 	return fmt.Errorf("%w at offset %d: %s", ErrInvalidJSON, p.pos, msg)
 }
@@ -139,7 +163,7 @@ func (p *jsonParser) object(depth int) (any, error) {
 		}
 		if _, dup := obj[key]; dup {
 			p.pos = keyPos
-			return nil, p.fail(fmt.Sprintf("duplicate object key %q", key))
+			return nil, &DuplicateKeyError{Offset: keyPos, Path: []any{key}}
 		}
 		p.skipSpace()
 		if p.pos >= len(p.data) || p.data[p.pos] != ':' {
@@ -149,7 +173,7 @@ func (p *jsonParser) object(depth int) (any, error) {
 		p.skipSpace()
 		v, err := p.value(depth)
 		if err != nil {
-			return nil, err
+			return nil, within(err, key)
 		}
 		obj[key] = v
 		p.skipSpace()
@@ -183,7 +207,7 @@ func (p *jsonParser) array(depth int) (any, error) {
 	for {
 		v, err := p.value(depth)
 		if err != nil {
-			return nil, err
+			return nil, within(err, len(arr))
 		}
 		arr = append(arr, v)
 		p.skipSpace()
