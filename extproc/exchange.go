@@ -68,6 +68,8 @@ type exchange struct {
 	respStatus  int
 	respHeaders []state.Header
 	respClass   outcomeClass
+
+	tr streamTrace
 }
 
 // handle dispatches one message. end says the stream is finished after the
@@ -109,6 +111,7 @@ func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 		return requestHeadersReply(nil, passThroughMode), true
 	}
 	ex.op, ex.kind, ex.vars = target.Op, target.Kind, vars
+	ex.traceStart(hm)
 
 	if !ex.bodyModesUsable() {
 		ex.logger().Error("Envoy must send this route's bodies BUFFERED (processing_mode request_body_mode and response_body_mode); refusing the request",
