@@ -42,7 +42,9 @@ func (ex *exchange) confirmRequest(body []byte, headersOnly bool) (*extprocv3.Pr
 	}
 	// With unreadable params, the token is still verified first: a forged,
 	// foreign or expired fingerprint is the more important answer.
+	vs := ex.traceChild(spanVerify)
 	claims, err := ex.srv.cfg.Keys.Verify(token, expect, ex.srv.now())
+	ex.traceVerified(vs, claims, err)
 	if err != nil {
 		if reason, _ := fingerprint.ReasonOf(err); reason == fingerprint.ReasonExpired && selectErr == nil {
 			return ex.expired(token, expect, headersOnly)
@@ -133,16 +135,20 @@ func (ex *exchange) report(e security.Event, claims fingerprint.Claims) {
 		tag, _ = keys.SubjectTag(keys.ActiveKeyID(), ex.subject)
 	}
 	e.Operation, e.Nonce, e.SubjectTag, e.TraceID = ex.op.Name, claims.Nonce, tag, ex.traceID
+	ex.traceSecurity(e.Reason)
 	ex.srv.security.Report(ex.ctx, e)
 }
 
 // acquire claims the record for the fingerprint's nonce.
 func (ex *exchange) acquire(claims fingerprint.Claims, headersOnly bool) (*extprocv3.ProcessingResponse, bool) {
+	span := ex.traceChild(spanAcquire)
 	owner := ex.srv.newOwner()
 	ans, err := ex.storeAcquire(claims, owner)
 	if err != nil {
+		ex.traceChildEnd(span, err)
 		return ex.storeFailed("acquire", err), true
 	}
+	defer ex.traceChildEnd(span, nil)
 	return ex.answer(ans, claims, owner, headersOnly, 0)
 }
 
@@ -296,6 +302,7 @@ func (ex *exchange) readRecord(nonce string) (state.Record, bool, *extprocv3.Pro
 // the same call. Never fail open.
 func (ex *exchange) storeFailed(op string, err error) *extprocv3.ProcessingResponse {
 	ex.logger().Warn("store call failed; answering temporarily_unavailable", "store_op", op, "kind", storeErrorKind(err), "error", err)
+	ex.traceStoreFailed(op, err)
 	if ex.kind == config.KindStatus {
 		return ex.envelope(envelope.StatusTemporarilyUnavailable, 0, envelope.Extra{})
 	}
@@ -418,6 +425,7 @@ func lowerASCII(s string) string {
 func (ex *exchange) confirmResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, bool) {
 	ex.respStatus = responseStatus(h)
 	ex.respClass = ex.op.Outcomes.Classify(ex.respStatus)
+	ex.traceUpstreamAnswered()
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		if storedResponseHeaders[hv.GetKey()] {
 			v := string(hv.GetRawValue())
@@ -454,6 +462,7 @@ func (ex *exchange) complete(body []byte) {
 	if ex.respClass == classFailed {
 		st, result = state.StateFailed, "failed"
 	}
+	span := ex.traceChild(spanComplete)
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
 	ans, err := ex.srv.store.Complete(ctx, ex.claim, state.Completion{
 		State:     st,
@@ -461,6 +470,7 @@ func (ex *exchange) complete(body []byte) {
 		Retention: ex.srv.cfg.TTL.Terminal,
 	})
 	cancel()
+	ex.traceChildEnd(span, err)
 	switch {
 	case err != nil:
 		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, "error").Inc()
@@ -483,6 +493,7 @@ func (ex *exchange) complete(body []byte) {
 // keys, else MarkUnknown (a person reconciles).
 func (ex *exchange) settleAmbiguous(why string) {
 	ex.settled = true
+	span := ex.traceChild(spanSettle)
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
 	defer cancel()
 	var (
@@ -497,6 +508,7 @@ func (ex *exchange) settleAmbiguous(why string) {
 		action = "marked_unknown"
 		ans, err = ex.srv.store.MarkUnknown(ctx, ex.claim)
 	}
+	ex.traceSettled(span, action, err)
 	ex.logSettlement(action, why, ans, err)
 }
 
@@ -510,12 +522,14 @@ func (ex *exchange) settleAmbiguous(why string) {
 func (ex *exchange) abandonUnsent() {
 	ex.settled = true
 	ex.pendingAcquired = false
+	span := ex.traceChild(spanSettle)
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
 	defer cancel()
 	ans, err := ex.srv.store.Abandon(ctx, ex.claim)
 	if mayHaveWritten(err) {
 		ex.srv.abandons.pursue(ex.ctx, ex.claim, ex.op.Name)
 	}
+	ex.traceSettled(span, "abandoned", err)
 	ex.logSettlement("abandoned", "the reply letting the request through was not sent", ans, err)
 }
 
@@ -543,6 +557,7 @@ func (ex *exchange) replySent() {
 	if ex.pendingAcquired {
 		ex.pendingAcquired = false
 		ex.acquired = true
+		ex.traceUpstreamStart()
 	}
 }
 

@@ -72,6 +72,8 @@ type exchange struct {
 
 	// mcp is set on streams to an MCP endpoint (DESIGN section 9).
 	mcp *mcpExchange
+
+	tr streamTrace
 }
 
 // handle dispatches one message. end says the stream is finished after the
@@ -116,6 +118,7 @@ func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 		return requestHeadersReply(nil, passThroughMode), true
 	}
 	ex.op, ex.kind, ex.vars = target.Op, target.Kind, vars
+	ex.traceStart(hm)
 
 	if !ex.bodyModesUsable() {
 		ex.logger().Error("Envoy must send this route's bodies BUFFERED (processing_mode request_body_mode and response_body_mode); refusing the request",

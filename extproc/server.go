@@ -25,6 +25,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -53,6 +54,9 @@ type Options struct {
 	// InstanceID distinguishes this process in record owners; empty means a
 	// random one.
 	InstanceID string
+	// Tracer, when set, traces every guarded stream (tracing.go); nil
+	// means no tracing at all.
+	Tracer trace.Tracer
 }
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
@@ -69,6 +73,7 @@ type Server struct {
 	owners   atomic.Uint64
 	abandons *abandoner
 	buffers  bufferPool
+	tracer   trace.Tracer
 
 	storeTimeout time.Duration
 }
@@ -112,6 +117,7 @@ func NewServer(opts Options) (*Server, error) {
 		now:          opts.Now,
 		instance:     opts.InstanceID,
 		storeTimeout: opts.Config.Store.Timeout,
+		tracer:       opts.Tracer,
 	}, nil
 }
 
@@ -137,6 +143,8 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	s.metrics.openStreams.Inc()
 	defer s.metrics.openStreams.Dec()
 	ex := &exchange{srv: s, ctx: stream.Context()}
+	// Deferred first so it runs last: finish's settlement is inside the span.
+	defer ex.traceEnd()
 	// Whatever ends the stream, a record this stream acquired is settled
 	// before Process returns (DESIGN section 8: within one second).
 	defer ex.finish()
@@ -218,4 +226,5 @@ func (ex *exchange) decision(outcome string) {
 		name = ex.op.Name
 	}
 	ex.srv.metrics.decisions.WithLabelValues(name, ex.kind.String(), outcome).Inc()
+	ex.traceDecision(outcome)
 }

@@ -18,7 +18,9 @@ func (ex *exchange) statusRequest(body []byte, _ bool) (*extprocv3.ProcessingRes
 	if refused != nil {
 		return refused, true
 	}
+	vs := ex.traceChild(spanVerify)
 	claims, err := ex.srv.cfg.Keys.Verify(token, fingerprint.Expect{Subject: ex.subject, Scope: ex.op.Scope, AllowExpired: true}, ex.srv.now())
+	ex.traceVerified(vs, claims, err)
 	if err != nil {
 		return ex.verifyFailed(err, claims, true), true
 	}

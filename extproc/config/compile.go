@@ -199,6 +199,7 @@ func (c *compiler) compile(f *File) *Runtime {
 		Period:  c.duration(p("drain", "period"), f.Drain.Period, DefaultDrainPeriod, true),
 		Timeout: c.duration(p("drain", "timeout"), f.Drain.Timeout, DefaultDrainTimeout, false),
 	}
+	rt.Tracing = c.tracing(f.Tracing)
 	rt.Operations, rt.Routes = c.operations(f.Operations, rt, languageOK)
 	rt.MCPEndpoints = c.mcpEndpoints(rt.Operations, rt.Routes)
 	if languageOK {

@@ -32,6 +32,7 @@ type File struct {
 	Messages    Messages        `yaml:"messages"`
 	Security    Security        `yaml:"security"`
 	Drain       Drain           `yaml:"drain"`
+	Tracing     Tracing         `yaml:"tracing"`
 	Operations  []OperationSpec `yaml:"operations"`
 }
 

@@ -55,6 +55,7 @@ type Runtime struct {
 	Language   string
 	Webhook    WebhookSettings
 	Drain      DrainSettings
+	Tracing    TracingSettings
 	Operations []*Operation
 	// Routes maps method + path to an operation's route.
 	Routes *route.Table[Target]

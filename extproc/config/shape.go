@@ -299,6 +299,12 @@ func (c *shapeCheck) walk(node ast.Node, t reflect.Type, path []any) {
 		if _, ok := node.(*ast.BoolNode); !ok {
 			c.wrongKind(path, "must be true or false")
 		}
+	case reflect.Float64:
+		switch node.(type) {
+		case *ast.IntegerNode, *ast.FloatNode:
+		default:
+			c.wrongKind(path, "must be a number")
+		}
 	}
 }
 

@@ -42,6 +42,7 @@ func (rt *Runtime) WriteSummary(w io.Writer) error {
 		webhook = fmt.Sprintf("%s (timeout %s, queue %d)", rt.Webhook.URL, rt.Webhook.Timeout, rt.Webhook.QueueSize)
 	}
 	fmt.Fprintf(&b, "webhook:    %s; drain %s then stop within %s\n", webhook, rt.Drain.Period, rt.Drain.Timeout)
+	fmt.Fprintf(&b, "tracing:    %s\n", rt.Tracing.summary())
 	fmt.Fprintf(&b, "operations: %d\n", len(rt.Operations))
 	for _, op := range rt.Operations {
 		fmt.Fprintf(&b, "  %s (scope %s)\n", op.Name, op.Scope)

@@ -16,6 +16,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Reasons reported by the server.
@@ -124,6 +126,12 @@ func (r *Reporter) Report(ctx context.Context, e Event) {
 		slog.String("nonce", e.Nonce),
 		slog.String("subject_tag", e.SubjectTag),
 		slog.String("trace_id", e.TraceID),
+	}
+	// trace_id above is Envoy's x-request-id (what the envelopes carry);
+	// a traced stream's OpenTelemetry trace id goes beside it so the line
+	// leads to the trace.
+	if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
+		attrs = append(attrs, slog.String("otel_trace_id", sc.TraceID().String()))
 	}
 	if len(e.ChangedFields) > 0 {
 		attrs = append(attrs, slog.Any("changed_fields", e.ChangedFields))

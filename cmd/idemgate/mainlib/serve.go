@@ -21,6 +21,7 @@ import (
 	"github.com/idemgate/idemgate/extproc"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/security"
+	"github.com/idemgate/idemgate/state"
 )
 
 // serve runs the ext_proc server until ctx is cancelled, then drains:
@@ -116,7 +117,16 @@ func runOnWith(ctx context.Context, rt *config.Runtime, logger *slog.Logger, grp
 		URL: rt.Webhook.URL, Timeout: rt.Webhook.Timeout, QueueSize: rt.Webhook.QueueSize,
 	})
 	defer reporter.Close()
-	srv, err := extproc.NewServer(extproc.Options{Config: rt, Store: ss.store, Logger: logger, Metrics: metrics, Security: reporter})
+	tracer, stopTracing, err := startTracing(bg, rt.Tracing)
+	if err != nil {
+		return err
+	}
+	defer flushTraces(stopTracing, logger)
+	store := ss.store
+	if tracer != nil {
+		store = state.Trace(store, ss.backend, tracer)
+	}
+	srv, err := extproc.NewServer(extproc.Options{Config: rt, Store: store, Logger: logger, Metrics: metrics, Security: reporter, Tracer: tracer})
 	if err != nil {
 		return err
 	}

@@ -33,6 +33,7 @@ type idemgateConfig struct {
 	inFlightTTL         time.Duration
 	ignoreKeys          bool
 	upstreamTimeout     time.Duration
+	extra               map[string]any
 }
 
 // render derives the test's idemgate.yaml from the shipped one.
@@ -98,6 +99,9 @@ func (c idemgateConfig) render() ([]byte, error) {
 			// The config says this equals the confirm route's timeout.
 			op["upstream_timeout"] = c.upstreamTimeout.String()
 		}
+	}
+	if err := applyIdemgateConfig(doc, c.extra); err != nil {
+		return nil, err
 	}
 	return yaml.Marshal(doc)
 }

@@ -61,6 +61,9 @@ type Options struct {
 	// merge_slashes and path_with_escaped_slashes_action: only to show what
 	// they prevent.
 	WithoutPathNormalisation bool
+	// IdemgateConfig adds top-level sections to idemgate.yaml (for
+	// example tracing); see applyIdemgateConfig.
+	IdemgateConfig map[string]any
 }
 
 // Stack is one running deployment.
@@ -139,6 +142,7 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		grpcAddr: g.GRPCAddr, adminAddr: g.AdminAddr, redisAddr: s.Redis.Addr,
 		fingerprintTTL: opts.FingerprintTTL, inFlightTTL: opts.InFlightTTL,
 		ignoreKeys: opts.DownstreamIgnoresKeys, upstreamTimeout: opts.ConfirmRouteTimeout,
+		extra: opts.IdemgateConfig,
 	}.render()
 	if err != nil {
 		t.Fatal(err)
