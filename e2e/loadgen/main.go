@@ -130,6 +130,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		_, _ = io.WriteString(stdout, md)
 		return 0
 	}
+	md += keptSections(opts.out)
 	if err := os.WriteFile(opts.out, []byte(md), 0o644); err != nil {
 		log.Error("failed to write the report", "file", opts.out, "error", err)
 		return 1
@@ -270,4 +271,23 @@ func commandLine(args []string) string {
 		parts = append(parts, a)
 	}
 	return strings.Join(parts, " ")
+}
+
+// keptMarker starts the part of the report file that the benchmark does not
+// write: sections measured by other commands (the tracing cost of the Go
+// benchmarks in extproc), kept across runs.
+const keptMarker = "<!-- sections below are not written by the load benchmark; it keeps them -->"
+
+// keptSections returns the marker and everything after it in the existing
+// report, or "" when there is none.
+func keptSections(path string) string {
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	i := strings.Index(string(old), keptMarker)
+	if i < 0 {
+		return ""
+	}
+	return "\n" + string(old[i:])
 }

@@ -339,3 +339,13 @@ func TestProfilesThroughTheAdminServer(t *testing.T) {
 	}
 	require.False(t, b.profiler(t.Context(), cellSpec{scenario: "preview", idemgate: p}, 1).active, "only the profiled concurrency")
 }
+
+// The report keeps what follows keptMarker in the file it replaces.
+func TestReportKeepsSectionsBelowTheMarker(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	require.Equal(t, "", keptSections(path), "no file yet")
+	require.NoError(t, os.WriteFile(path, []byte("# old report\n\n"+keptMarker+"\n\n## Tracing cost\nkept\n"), 0o644))
+	require.Equal(t, "\n"+keptMarker+"\n\n## Tracing cost\nkept\n", keptSections(path))
+	require.NoError(t, os.WriteFile(path, []byte("# old report without the marker\n"), 0o644))
+	require.Equal(t, "", keptSections(path))
+}
