@@ -201,6 +201,47 @@ func (c *bindChecker) checkObject(obj map[string]any, node *bindNode) {
 	if len(obj) == 0 {
 		return
 	}
+	if len(obj) > smallObject {
+		c.checkLargeObject(obj, node)
+		return
+	}
+	// Small objects (nearly every request body): pairwise comparisons on
+	// the stack, no fold keys built.
+	var space [smallObject]string
+	keys := space[:0]
+	for k := range obj {
+		keys = append(keys, k)
+	}
+	for i, k := range keys {
+		if strings.IndexByte(k, 0) >= 0 {
+			c.report(k)
+		}
+		twin := false
+		for j, other := range keys {
+			if i != j && foldEqual(k, other) {
+				twin = true
+				break
+			}
+		}
+		if twin {
+			c.report(k)
+			continue
+		}
+		for seg := range node.children {
+			if seg != k && foldEqual(seg, k) {
+				c.report(k)
+				break
+			}
+		}
+	}
+}
+
+// smallObject is the size up to which checkObject compares keys pairwise.
+const smallObject = 16
+
+// checkLargeObject is checkObject for objects with many keys: grouped by
+// fold key, linear in the object's size.
+func (c *bindChecker) checkLargeObject(obj map[string]any, node *bindNode) {
 	groups := make(map[string][]string, len(obj))
 	for k := range obj {
 		f := foldKey(k)

@@ -123,3 +123,47 @@ func foldClasses() map[rune]rune {
 	})
 	return foldTable
 }
+
+// foldEqual reports foldKey(a) == foldKey(b) without building either key:
+// the binding check compares every pair of keys of an object on a bound
+// path, on every preview and confirm.
+func foldEqual(a, b string) bool {
+	i, j := 0, 0
+	for {
+		ra, na := nextFolded(a, i)
+		rb, nb := nextFolded(b, j)
+		if ra != rb {
+			return false
+		}
+		if ra < 0 {
+			return true // both ended
+		}
+		i, j = na, nb
+	}
+}
+
+// nextFolded returns the folded rune of s at or after byte i (skipping '_'
+// and '-', as foldKey does) and the index after it; -1 at the end.
+func nextFolded(s string, i int) (rune, int) {
+	for i < len(s) {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			i++
+			switch {
+			case c == '_' || c == '-':
+				continue
+			case 'a' <= c && c <= 'z':
+				return rune(c - ('a' - 'A')), i
+			default:
+				return rune(c), i
+			}
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		i += n
+		if f, ok := foldClasses()[r]; ok {
+			r = f
+		}
+		return r, i
+	}
+	return -1, i
+}
