@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/idemgate/idemgate/envoy/envoytest"
 	"io"
 	"log/slog"
 	"net"
@@ -190,7 +191,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer, logge
 	if err := checkListen(o.listen); err != nil {
 		return err
 	}
-	version, err := envoyVersion(o.envoyBin)
+	version, err := envoytest.EnvoyVersion(o.envoyBin)
 	if err != nil {
 		return err
 	}

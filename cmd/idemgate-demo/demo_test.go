@@ -569,7 +569,7 @@ func TestDemoUsage(t *testing.T) {
 	err := run(t.Context(), []string{"--listen", "127.0.0.1:0", "--idemgate", idemgateBin}, &stdout, &stderr)
 	require.ErrorContains(t, err, "no Envoy: run `make demo`")
 	err = run(t.Context(), []string{"--listen", "127.0.0.1:0", "--idemgate", idemgateBin, "--envoy", "/bin/true"}, &stdout, &stderr)
-	require.ErrorContains(t, err, "/bin/true does not look like Envoy")
+	require.ErrorContains(t, err, "/bin/true --version printed no version")
 	require.Empty(t, stdout.String())
 }
 

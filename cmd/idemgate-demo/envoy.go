@@ -10,9 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"time"
 
@@ -180,23 +178,6 @@ func canonicalJSON(b []byte) ([]byte, error) {
 		return nil, err
 	}
 	return json.Marshal(v)
-}
-
-// envoyVersionRE reads the x.y.z of `envoy --version`.
-var envoyVersionRE = regexp.MustCompile(`version: [0-9a-f]+/([0-9]+\.[0-9]+\.[0-9]+)/`)
-
-func envoyVersion(bin string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, bin, "--version").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("%s --version failed: %w: %s", bin, err, bytes.TrimSpace(out))
-	}
-	m := envoyVersionRE.FindSubmatch(out)
-	if m == nil {
-		return "", fmt.Errorf("%s does not look like Envoy: --version printed %q", bin, bytes.TrimSpace(out))
-	}
-	return string(m[1]), nil
 }
 
 // envoyFront is the running Envoy.

@@ -97,11 +97,6 @@ func TestEnvoyConfigIsTheShippedOne(t *testing.T) {
 	require.Equal(t, []string{"envoy.filters.http.header_mutation", "envoy.filters.http.jwt_authn", "envoy.filters.http.router"}, filters(without))
 }
 
-func TestEnvoyVersionPattern(t *testing.T) {
-	m := envoyVersionRE.FindStringSubmatch("envoy  version: 6b9db09c69965d5bfb37bdd29693f8b7f9e9e9ec/1.40.0/Clean/RELEASE/BoringSSL")
-	require.Equal(t, "1.40.0", m[1])
-}
-
 // sharedRedisOrSkip needs the machine's Redis (make services), as servicesOrSkip.
 func sharedRedisOrSkip(t *testing.T) {
 	t.Helper()

@@ -4,58 +4,47 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemgate/idemgate/envoy/envoytest"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 )
 
-// pinnedEnvoyVersion reads .envoy-version, the one pin of the Envoy version.
-func pinnedEnvoyVersion(root string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(root, ".envoy-version"))
-	if err != nil {
-		return "", fmt.Errorf("failed to read the Envoy pin: %w", err)
-	}
-	return strings.TrimSpace(string(b)), nil
-}
-
-// findEnvoy returns the pinned Envoy's absolute path: ENVOY_BIN (make bench
-// sets it) or what .ci/envoy.sh prints, which installs it into .envoy/ when
-// missing. Its version must be the pin.
+// findEnvoy returns the pinned Envoy's absolute path: the -envoy flag or
+// ENVOY_BIN or the repo-local install (envoytest.FindEnvoy, which checks the
+// version against .envoy-version), else what .ci/envoy.sh prints, which
+// installs it into .envoy/ when missing.
 func findEnvoy(ctx context.Context, root, flagged string) (path, version string, err error) {
-	want, err := pinnedEnvoyVersion(root)
+	want, err := envoytest.PinnedVersion()
 	if err != nil {
 		return "", "", err
 	}
-	path = flagged
-	if path == "" {
-		path = os.Getenv("ENVOY_BIN")
-	}
-	if path == "" {
-		cmd := exec.CommandContext(ctx, filepath.Join(root, ".ci", "envoy.sh"))
-		cmd.Stderr = os.Stderr // its progress line while it downloads
-		out, err := cmd.Output()
+	if flagged != "" {
+		got, err := envoytest.EnvoyVersion(flagged)
 		if err != nil {
-			return "", "", fmt.Errorf("no Envoy: .ci/envoy.sh failed (%v); install it with `make envoy` or set ENVOY_BIN", err)
+			return "", "", err
 		}
-		path = strings.TrimSpace(string(out))
+		if got != want {
+			return "", "", fmt.Errorf("%s is Envoy %s, .envoy-version pins %s", flagged, got, want)
+		}
+		return flagged, want, nil
 	}
-	out, err := exec.CommandContext(ctx, path, "--version").CombinedOutput()
+	if path, err := envoytest.FindEnvoy(); err == nil {
+		return path, want, nil
+	} else if os.Getenv(envoytest.EnvoyBinEnv) != "" {
+		return "", "", err
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(root, ".ci", "envoy.sh"))
+	cmd.Stderr = os.Stderr // its progress line while it downloads
+	out, err := cmd.Output()
 	if err != nil {
-		return "", "", fmt.Errorf("failed to run %s --version: %w", path, err)
+		return "", "", fmt.Errorf("no Envoy: .ci/envoy.sh failed (%v); install it with `make envoy` or set ENVOY_BIN", err)
 	}
-	got := envoyVersionRE.FindStringSubmatch(string(out))
-	if got == nil || got[1] != want {
-		return "", "", fmt.Errorf("%s is not Envoy %s (.envoy-version): %s", path, want, strings.TrimSpace(string(out)))
-	}
-	return path, want, nil
+	return strings.TrimSpace(string(out)), want, nil
 }
-
-// envoyVersionRE picks 1.40.0 out of "envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL".
-var envoyVersionRE = regexp.MustCompile(`version: [0-9a-f]+/([0-9]+\.[0-9]+\.[0-9]+)/`)
 
 // envoyProcess is one running Envoy and where it listens.
 type envoyProcess struct {

@@ -35,3 +35,10 @@ func TestFindEnvoyChecksThePin(t *testing.T) {
 	_, err = findEnvoy()
 	require.ErrorContains(t, err, "ENVOY_BIN=envoy is not an absolute path")
 }
+
+func TestEnvoyVersionPattern(t *testing.T) {
+	m := envoyVersionRE.FindStringSubmatch("envoy  version: 6b9db09c69965d5bfb37bdd29693f8b7f9e9e9ec/1.40.0/Clean/RELEASE/BoringSSL")
+	if len(m) != 2 || m[1] != "1.40.0" {
+		t.Fatalf("got %q", m)
+	}
+}

@@ -2,6 +2,7 @@ package stack
 
 import (
 	"fmt"
+	"github.com/idemgate/idemgate/envoy/envoytest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +24,7 @@ type Env struct {
 // EnvFromEnvironment builds the idemgate binary into dir (or takes the one
 // IDEMGATE_BIN names) and finds the pinned Envoy (FindEnvoy).
 func EnvFromEnvironment(dir string) (Env, error) {
-	envoyBin, err := FindEnvoy()
+	envoyBin, err := envoytest.FindEnvoy()
 	if err != nil {
 		return Env{}, err
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/base64"
 	"encoding/json"
+	"github.com/idemgate/idemgate/envoy/envoytest"
 	"io"
 	"net"
 	"os"
@@ -183,7 +184,7 @@ func TestBootstrapEdits(t *testing.T) {
 // is a failure (FindEnvoy says how to install it), never a skip.
 func requireEnvoyValidates(t *testing.T, bootstrap []byte) {
 	t.Helper()
-	bin, err := FindEnvoy()
+	bin, err := envoytest.FindEnvoy()
 	require.NoError(t, err)
 	path := filepath.Join(t.TempDir(), "envoy.yaml")
 	require.NoError(t, os.WriteFile(path, bootstrap, 0o600))
