@@ -1,9 +1,6 @@
 package e2e
 
 import (
-	"flag"
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/idemgate/idemgate/e2e/internal/stack"
@@ -17,23 +14,7 @@ var (
 	envErr error
 )
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() {
-		// Every test here needs services, Envoy and a built binary; each
-		// one skips itself with a line saying so.
-		os.Exit(m.Run())
-	}
-	dir, err := os.MkdirTemp("", "idemgate-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: failed to create a build directory:", err)
-		os.Exit(1)
-	}
-	env, envErr = stack.EnvFromEnvironment(dir)
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { stack.Main(m, "e2e", &env, &envErr) }
 
 // requireEnv fails t when the run has no Envoy or no idemgate binary.
 func requireEnv(t *testing.T) {

@@ -3,7 +3,6 @@ package chaos
 import (
 	"flag"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -21,21 +20,7 @@ var (
 	envErr error
 )
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() {
-		os.Exit(m.Run())
-	}
-	dir, err := os.MkdirTemp("", "idemgate-chaos-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "chaos: failed to create a build directory:", err)
-		os.Exit(1)
-	}
-	env, envErr = stack.EnvFromEnvironment(dir)
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { stack.Main(m, "chaos", &env, &envErr) }
 
 // TestChaos: agents work through real Envoys in front of three idemgate
 // replicas while faults hit every part at seeded moments; the recorded

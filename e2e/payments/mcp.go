@@ -137,27 +137,6 @@ func (c *cuttableWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter 
 // one JSON object (false, the default).
 func (s *Server) SetMCPStreaming(sse bool) { s.mcp.streaming.Store(sse) }
 
-func (s *Server) handleMCPMode(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		SSE *bool `json:"sse"`
-	}
-	raw, err := readBody(r)
-	if err == nil {
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.DisallowUnknownFields()
-		err = dec.Decode(&body)
-	}
-	if err == nil && body.SSE == nil {
-		err = fmt.Errorf("sse is required")
-	}
-	if err != nil {
-		writeJSON(w, http.StatusBadRequest, errorJSON{Error: "invalid_request", Message: err.Error()})
-		return
-	}
-	s.SetMCPStreaming(*body.SSE)
-	writeJSON(w, http.StatusOK, map[string]bool{"sse": *body.SSE})
-}
-
 // parseArgs validates the arguments exactly like the HTTP body, refusing
 // unknown ones (a strict upstream).
 func parseArgs(raw json.RawMessage) (transfer, error) {

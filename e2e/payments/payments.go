@@ -182,11 +182,11 @@ func New(opts Options) *Server {
 	mux.HandleFunc("GET /_admin/stats", s.handleStats)
 	mux.HandleFunc("GET /_admin/faults", s.handleGetFaults)
 	mux.HandleFunc("POST /_admin/faults", s.handleSetFaults)
-	mux.HandleFunc("POST /_admin/mode", s.handleMode)
+	mux.HandleFunc("POST /_admin/mode", switchHandler("ignore_idempotency_keys", s.SetIgnoreIdempotencyKeys))
 	mux.HandleFunc("POST /_admin/reset", s.handleReset)
 	s.mcp = s.newMCP()
 	mux.Handle(MCPPath, s.mcp)
-	mux.HandleFunc("POST /_admin/mcp", s.handleMCPMode)
+	mux.HandleFunc("POST /_admin/mcp", switchHandler("sse", s.SetMCPStreaming))
 	s.mux = mux
 	return s
 }
@@ -691,25 +691,26 @@ func (s *Server) handleSetFaults(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, toFaultsJSON(f))
 }
 
-func (s *Server) handleMode(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		IgnoreIdempotencyKeys *bool `json:"ignore_idempotency_keys"`
+// switchHandler serves an admin switch: a body of exactly {"<name>": bool}
+// sets it with set and echoes it.
+func switchHandler(name string, set func(bool)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]*bool
+		raw, err := readBody(r)
+		if err == nil {
+			err = json.Unmarshal(raw, &body)
+		}
+		v, ok := body[name]
+		if err == nil && (len(body) != 1 || !ok || v == nil) {
+			err = fmt.Errorf("want exactly {%q: true|false}", name)
+		}
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, errorJSON{Error: "invalid_request", Message: err.Error()})
+			return
+		}
+		set(*v)
+		writeJSON(w, http.StatusOK, map[string]bool{name: *v})
 	}
-	raw, err := readBody(r)
-	if err == nil {
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.DisallowUnknownFields()
-		err = dec.Decode(&body)
-	}
-	if err == nil && body.IgnoreIdempotencyKeys == nil {
-		err = errors.New("ignore_idempotency_keys is required")
-	}
-	if err != nil {
-		writeJSON(w, http.StatusBadRequest, errorJSON{Error: "invalid_request", Message: err.Error()})
-		return
-	}
-	s.SetIgnoreIdempotencyKeys(*body.IgnoreIdempotencyKeys)
-	writeJSON(w, http.StatusOK, map[string]bool{"ignore_idempotency_keys": *body.IgnoreIdempotencyKeys})
 }
 
 func (s *Server) handleReset(w http.ResponseWriter, _ *http.Request) {

@@ -275,6 +275,11 @@ func TestAdminEndpoints(t *testing.T) {
 	require.Equal(t, 200, requirePost(t, ts.URL+"/v1/transfers/confirm", "k", validBody).status)
 	require.Equal(t, 200, requirePost(t, ts.URL+"/_admin/mode", "", `{"ignore_idempotency_keys":true}`).status)
 	require.Equal(t, 400, requirePost(t, ts.URL+"/_admin/mode", "", `{}`).status)
+	for _, bad := range []string{`{"ignore_idempotency_keys":true,"x":1}`, `{"ignore_idempotency_keys":null}`, `{"ignore_idempotency_keys":"yes"}`, `[]`} {
+		require.Equal(t, 400, requirePost(t, ts.URL+"/_admin/mode", "", bad).status, bad)
+	}
+	require.Equal(t, 200, requirePost(t, ts.URL+"/_admin/mcp", "", `{"sse":false}`).status)
+	require.Equal(t, 400, requirePost(t, ts.URL+"/_admin/mcp", "", `{"SSE":true}`).status)
 	require.Equal(t, 200, requirePost(t, ts.URL+"/v1/transfers/confirm", "k", validBody).status)
 
 	resp, err = http.Get(ts.URL + "/_admin/stats")

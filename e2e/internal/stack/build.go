@@ -1,11 +1,13 @@
 package stack
 
 import (
+	"flag"
 	"fmt"
 	"github.com/idemgate/idemgate/envoy/envoytest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"testing"
 )
 
 // idemgatePackage is what BuildIdemgate builds.
@@ -60,4 +62,24 @@ func BuildIdemgate(dir string) (string, error) {
 		return "", fmt.Errorf("failed to build %s: %w\n%s", idemgatePackage, err, msg)
 	}
 	return out, nil
+}
+
+// Main is the TestMain of a package of stacks: it builds idemgate once into
+// a temporary directory, stores the Env (or the reason there is none, which
+// every test then fails with) in env and envErr, runs the tests and exits.
+// Under -short it only runs them: each test skips itself.
+func Main(m *testing.M, name string, env *Env, envErr *error) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "idemgate-"+name+"-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: failed to create a build directory: %v\n", name, err)
+		os.Exit(1)
+	}
+	*env, *envErr = EnvFromEnvironment(dir)
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
 }
