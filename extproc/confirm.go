@@ -14,6 +14,57 @@ import (
 	"github.com/idemgate/idemgate/state"
 )
 
+// The confirm decisions. A verified confirm asks the store to Acquire its
+// fingerprint's nonce; the store's answer decides what becomes of the
+// request (answer, with leaseExpired and waitForAbandon). A request let
+// through is then settled by what the upstream answered (settlement).
+//
+//	store answer          upstream outcome  honours  Store call               the client gets
+//	                                        keys
+//	── answer ────────────────────────────────────────────────────────────────────────────────────────
+//	ACQUIRED              (below)           yes      —                        the request, Idempotency-Key: <nonce>
+//	                                        no       —                        the request
+//	DONE, FAILED          —                 any      —                        the stored result, replayed
+//	IN_FLIGHT, held by    —                 any      Acquire again, after     per the new answer
+//	  this replica's own                             waiting for the give-back
+//	  failed attempt                                 (once per stream)
+//	IN_FLIGHT, lease      —                 any      —                        in_progress
+//	  running, or over
+//	  with attempt > 0
+//	IN_FLIGHT, lease over —                 yes      Takeover                 per its answer (attempt 1)
+//	                                        no       MarkUnknown              needs_reconciliation; NOT_OWNER: per
+//	                                                                          the record now (attempt 1)
+//	UNKNOWN               —                 any      —                        needs_reconciliation
+//	PARAM_MISMATCH        —                 any      — (security event)       params_changed
+//	NOT_FOUND             —                 any      Acquire again while      per the new answer (attempt + 1)
+//	                                                 attempt <= 1
+//	anything else         —                 any      —                        internal_error
+//	── settlement: ACQUIRED, and the reply letting the request through was… ─────────────────────────
+//	never sent           —                  any      Abandon                  (nothing sent, or internal_error)
+//	sent                 done               any      Complete DONE, result    the upstream's answer, unchanged
+//	                     failed             any      Complete FAILED, result  the upstream's answer, unchanged
+//	                     ambiguous          yes      Release                  the upstream's answer, unchanged
+//	                                        no       MarkUnknown              the upstream's answer, unchanged
+//	sent; the stream     done, failed       yes      Release                  whatever Envoy sent
+//	  ended before the     (status only)    no       Complete DONE/FAILED,
+//	  answer was whole                                 no body
+//	                     none (no status)   yes      Release
+//	                                        no       MarkUnknown
+//
+// "Honours keys": the operation names a downstream idempotency header, so
+// the upstream executes a re-sent key once and a second send is safe;
+// without one a second send may execute twice, so what nobody can know goes
+// to a person (UNKNOWN). attempt counts follow-up calls: 0 for the first
+// Acquire, 1 after a Takeover or MarkUnknown, one more per Acquire again.
+// The upstream outcome is the operation's outcomes for the HTTP status
+// (DESIGN section 3); for an MCP tools/call answered 2xx it is the JSON-RPC
+// response's (mcpOutcome), and a 2xx without one is ambiguous. A failed
+// Acquire, Takeover or MarkUnknown is answered temporarily_unavailable (a
+// claim the failed call may have written is given back in the background).
+// An expired fingerprint never acquires: its record is read and answered
+// by the rows of its state, or fingerprint_expired when there is none
+// (expired, in verifyfail.go).
+
 // outcomeClass is how an upstream answer settles a record: the operation's
 // config.Outcomes decide (DESIGN section 3's defaults, overridable).
 type outcomeClass = config.Outcome
@@ -92,8 +143,7 @@ func (ex *exchange) answer(ans state.Answer, claims fingerprint.Claims, owner st
 	nonce := claims.Nonce
 	switch ans.Outcome {
 	case state.OutcomeAcquired:
-		ex.claim = state.Claim{Key: nonce, Owner: owner, Fence: ans.Record.Fence}
-		ex.pendingAcquired = true
+		ex.holdClaim(state.Claim{Key: nonce, Owner: owner, Fence: ans.Record.Fence})
 		var mut *extprocv3.HeaderMutation
 		if h := ex.op.DownstreamHeader; h != "" {
 			// Overwrite (append unset) whatever key the client sent: the
@@ -219,11 +269,11 @@ func (ex *exchange) confirmResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3
 		}
 	}
 	if ex.respClass == classAmbiguous {
-		ex.settleAmbiguous("upstream answered " + strconv.Itoa(ex.respStatus))
+		ex.settle(true, nil, "upstream answered "+strconv.Itoa(ex.respStatus))
 		return responseHeadersReply(nil, noResponseBodyMode), true
 	}
 	if h.GetEndOfStream() {
-		ex.complete(nil)
+		ex.settle(true, nil, "")
 		return responseHeadersReply(nil, nil), true
 	}
 	return responseHeadersReply(nil, nil), false
@@ -232,8 +282,69 @@ func (ex *exchange) confirmResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3
 // confirmResponseBody records the result. The upstream response always
 // reaches the client unchanged, whatever the store says.
 func (ex *exchange) confirmResponseBody(body []byte) (*extprocv3.ProcessingResponse, bool) {
-	if !ex.settled {
-		ex.complete(body)
-	}
+	ex.settle(true, body, "")
 	return responseBodyReply(nil, nil, false), true
+}
+
+// storeCall is the Store call that settles a claim.
+type storeCall uint8
+
+const (
+	callNone storeCall = iota
+	callCompleteDone
+	callCompleteFailed
+	callRelease
+	callMarkUnknown
+	callAbandon
+)
+
+func (c storeCall) String() string {
+	switch c {
+	case callCompleteDone:
+		return "Complete DONE"
+	case callCompleteFailed:
+		return "Complete FAILED"
+	case callRelease:
+		return "Release"
+	case callMarkUnknown:
+		return "MarkUnknown"
+	case callAbandon:
+		return "Abandon"
+	}
+	return "none"
+}
+
+// settlement is the settlement half of the table above: the Store call that
+// settles a claim in phase, given the upstream's outcome class, whether its
+// answer was seen whole (its body, or headers that end the stream) and
+// whether the downstream honours keys. A claim not held needs none.
+func settlement(phase claimPhase, class outcomeClass, whole, honoursKeys bool) storeCall {
+	endLease := callMarkUnknown
+	if honoursKeys {
+		endLease = callRelease
+	}
+	complete := callCompleteDone
+	if class == classFailed {
+		complete = callCompleteFailed
+	}
+	switch {
+	case phase == claimPending:
+		// Never sent: the upstream was not contacted.
+		return callAbandon
+	case phase != claimLetThrough:
+		return callNone
+	case class == classAmbiguous:
+		return endLease
+	case whole:
+		return complete
+	case class == classNone, honoursKeys:
+		// The stream ended first: no status says nothing; with a status, a
+		// downstream that honours keys is simply asked again by the retry.
+		return endLease
+	default:
+		// The status said DONE/FAILED but the body never arrived. A
+		// downstream that ignores keys cannot be asked again; record what
+		// is known rather than leave it UNKNOWN.
+		return complete
+	}
 }

@@ -50,14 +50,10 @@ type exchange struct {
 	// Preview: the params hashed from the request.
 	params fingerprint.Params
 
-	// Confirm: the record this stream owns.
-	claim state.Claim
-	// pendingAcquired: the reply that lets the request through is about to
-	// be sent. If sending fails the upstream was never contacted.
-	pendingAcquired bool
-	// acquired: that reply went out; the upstream may have been called.
-	acquired bool
-	settled  bool
+	// Confirm: the record this stream claimed, and how far along that
+	// claim is (claim.go).
+	claim      state.Claim
+	claimPhase claimPhase
 	// waitedAbandon: this stream already waited once for a background
 	// abandon of the claim it found (see waitForAbandon).
 	waitedAbandon bool
@@ -197,7 +193,7 @@ func (ex *exchange) onResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.Proc
 		return responseHeadersReply(nil, nil), false
 	case ex.kind == config.KindPreview:
 		return ex.previewResponseHeaders(h)
-	case ex.kind == config.KindConfirm && ex.acquired:
+	case ex.kind == config.KindConfirm && ex.claimPhase == claimLetThrough:
 		return ex.confirmResponseHeaders(h)
 	}
 	return responseHeadersReply(nil, nil), false
@@ -212,7 +208,7 @@ func (ex *exchange) onResponseBody(b *extprocv3.HttpBody) (*extprocv3.Processing
 		return responseBodyReply(nil, nil, false), false
 	case ex.kind == config.KindPreview:
 		return ex.previewResponseBody(b.GetBody())
-	case ex.kind == config.KindConfirm && ex.acquired:
+	case ex.kind == config.KindConfirm && ex.claimPhase == claimLetThrough:
 		return ex.confirmResponseBody(b.GetBody())
 	}
 	return responseBodyReply(nil, nil, false), false

@@ -282,7 +282,7 @@ func (ex *exchange) mcpToolCall(body, params, args []byte) (*extprocv3.Processin
 		return ex.statusRequest(args, false)
 	}
 	resp, end := ex.confirmRequest(args, false)
-	if !ex.pendingAcquired {
+	if ex.claimPhase != claimPending {
 		return resp, end
 	}
 	return ex.mcpForwardConfirm(resp, body, params, args), end

@@ -19,7 +19,7 @@ import (
 // preview to rewrite it, for an acquired confirm to classify and record it.
 func (ex *exchange) mcpResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, bool) {
 	m := ex.mcp
-	if m.kind == mcpPass || (m.kind == mcpTool && ex.kind == config.KindConfirm && !ex.acquired) {
+	if m.kind == mcpPass || (m.kind == mcpTool && ex.kind == config.KindConfirm && ex.claimPhase != claimLetThrough) {
 		return responseHeadersReply(nil, noResponseBodyMode), true
 	}
 	m.status = responseStatus(h)
@@ -34,11 +34,11 @@ func (ex *exchange) mcpResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.Pro
 		if !ok2xx {
 			ex.respClass = ex.op.Outcomes.Classify(m.status)
 			if ex.respClass == classAmbiguous {
-				ex.settleAmbiguous("upstream answered " + strconv.Itoa(m.status))
+				ex.settle(true, nil, "upstream answered "+strconv.Itoa(m.status))
 				return responseHeadersReply(nil, noResponseBodyMode), true
 			}
 			if h.GetEndOfStream() {
-				ex.complete(nil)
+				ex.settle(true, nil, "")
 				return responseHeadersReply(nil, nil), true
 			}
 			return responseHeadersReply(nil, nil), false
@@ -46,7 +46,7 @@ func (ex *exchange) mcpResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.Pro
 		if h.GetEndOfStream() {
 			// 202 or an empty 200: no JSON-RPC response at all.
 			ex.respClass = classAmbiguous
-			ex.settleAmbiguous("the upstream answered without a JSON-RPC response")
+			ex.settle(true, nil, "the upstream answered without a JSON-RPC response")
 			return responseHeadersReply(nil, nil), true
 		}
 		return responseHeadersReply(nil, nil), false
@@ -64,7 +64,7 @@ func (ex *exchange) mcpResponseBody(body []byte) (*extprocv3.ProcessingResponse,
 	m := ex.mcp
 	switch {
 	case m.kind == mcpTool && ex.kind == config.KindConfirm:
-		if ex.acquired && !ex.settled {
+		if ex.claimPhase == claimLetThrough {
 			ex.mcpRecordConfirm(body)
 		}
 		// The upstream's answer reaches the client unchanged.
@@ -140,22 +140,22 @@ func (ex *exchange) mcpRewrite(body []byte, edit func(msg []byte) ([]byte, bool)
 func (ex *exchange) mcpRecordConfirm(body []byte) {
 	if ex.respClass == classFailed {
 		// A definite HTTP refusal (4xx): recorded with its body.
-		ex.complete(body)
+		ex.settle(true, body, "")
 		return
 	}
 	msg, _, found := ex.mcp.mcpFinal(body)
 	if !found {
 		ex.respClass = classAmbiguous
-		ex.settleAmbiguous("the response ended before the final JSON-RPC response")
+		ex.settle(true, nil, "the response ended before the final JSON-RPC response")
 		return
 	}
 	class, why := mcpOutcome(msg)
 	ex.respClass = class
 	if class == classAmbiguous {
-		ex.settleAmbiguous(why)
+		ex.settle(true, nil, why)
 		return
 	}
-	ex.complete(append([]byte(nil), msg...))
+	ex.settle(true, append([]byte(nil), msg...), "")
 }
 
 // mcpOutcome is the outcome class of a JSON-RPC response to tools/call.

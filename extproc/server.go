@@ -189,9 +189,7 @@ func (ex *exchange) handleSafely(req *extprocv3.ProcessingRequest) (resp *extpro
 			// The ImmediateResponse replaces whatever we were going to send:
 			// a claim whose reply never went out is abandoned (the upstream
 			// was never contacted); any other held claim is settled by finish.
-			if ex.pendingAcquired && !ex.settled {
-				ex.abandonUnsent()
-			}
+			ex.replyFailed()
 			resp, end = ex.envelope(envelope.InternalError, 0, envelope.Extra{}), true
 		}
 	}()

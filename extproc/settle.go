@@ -6,11 +6,11 @@ import (
 	"github.com/idemgate/idemgate/state"
 )
 
-// complete writes DONE or FAILED with the upstream result.
-func (ex *exchange) complete(body []byte) {
-	ex.settled = true
+// complete writes DONE (callCompleteDone) or FAILED (callCompleteFailed)
+// with the upstream result.
+func (ex *exchange) complete(call storeCall, body []byte) {
 	st, result := state.StateDone, "done"
-	if ex.respClass == classFailed {
+	if call == callCompleteFailed {
 		st, result = state.StateFailed, "failed"
 	}
 	span := ex.traceChild(spanComplete)
@@ -39,11 +39,10 @@ func (ex *exchange) complete(body []byte) {
 	}
 }
 
-// settleAmbiguous settles an outcome nobody can know: Release (the next
-// retry takes over and re-sends the same key) when the downstream honours
-// keys, else MarkUnknown (a person reconciles).
-func (ex *exchange) settleAmbiguous(why string) {
-	ex.settled = true
+// endLease settles an outcome nobody can know: Release (callRelease: the
+// next retry takes over and re-sends the same key, for a downstream that
+// honours keys) or MarkUnknown (callMarkUnknown: a person reconciles).
+func (ex *exchange) endLease(call storeCall, why string) {
 	span := ex.traceChild(spanSettle)
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
 	defer cancel()
@@ -52,7 +51,7 @@ func (ex *exchange) settleAmbiguous(why string) {
 		err    error
 		action string
 	)
-	if ex.op.HonoursKeys() {
+	if call == callRelease {
 		action = "released"
 		ans, err = ex.srv.store.Release(ctx, ex.claim)
 	} else {
@@ -71,8 +70,6 @@ func (ex *exchange) settleAmbiguous(why string) {
 // made by a takeover keeps its record and only ends its lease: the earlier
 // attempt may have executed.
 func (ex *exchange) abandonUnsent() {
-	ex.settled = true
-	ex.pendingAcquired = false
 	span := ex.traceChild(spanSettle)
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
 	defer cancel()
