@@ -256,6 +256,10 @@ func (ex *exchange) leaseExpired(rec state.Record, claims fingerprint.Claims, ow
 // status is settled at once and the body is not requested; a bodiless
 // answer is completed here; otherwise the body follows.
 func (ex *exchange) confirmResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, bool) {
+	if ex.claimPhase != claimLetThrough {
+		// Only a request idemgate let through has an answer to record.
+		return passResponseHeaders(ex, h)
+	}
 	ex.respStatus = responseStatus(h)
 	ex.respClass = ex.op.Outcomes.Classify(ex.respStatus)
 	ex.traceUpstreamAnswered()
@@ -282,6 +286,9 @@ func (ex *exchange) confirmResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3
 // confirmResponseBody records the result. The upstream response always
 // reaches the client unchanged, whatever the store says.
 func (ex *exchange) confirmResponseBody(body []byte) (*extprocv3.ProcessingResponse, bool) {
+	if ex.claimPhase != claimLetThrough {
+		return passResponseBody(ex, body)
+	}
 	ex.settle(true, body, "")
 	return responseBodyReply(nil, nil, false), true
 }

@@ -31,6 +31,9 @@ type exchange struct {
 	kind    config.Kind
 	vars    map[string]string
 	traceID string
+	// proc handles the stream's messages after its request headers
+	// (processor.go); passThrough until they chose another.
+	proc *processor
 
 	// Body modes from protocol_config (sent on the first message only).
 	sawProtocol      bool
@@ -106,6 +109,7 @@ func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	path, _ := headerValue(hm, hdrPath)
 	ex.traceID, _ = headerValue(hm, hdrRequestID)
 	if ep := ex.srv.cfg.MCPEndpoint(method, path); ep != nil {
+		ex.proc = mcpProcessor
 		return ex.mcpRequestHeaders(req, h, ep)
 	}
 	target, vars, ok := ex.srv.cfg.Routes.Match(method, path)
@@ -114,6 +118,7 @@ func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 		return requestHeadersReply(nil, passThroughMode), true
 	}
 	ex.op, ex.kind, ex.vars = target.Op, target.Kind, vars
+	ex.proc = processorFor(ex.kind)
 	ex.traceStart(hm)
 
 	if !ex.bodyModesUsable() {
@@ -138,14 +143,7 @@ func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	}
 	// No body will come: decide now, from the headers alone.
 	ex.requestDone = true
-	switch ex.kind {
-	case config.KindPreview:
-		return ex.previewRequest(nil, true)
-	case config.KindConfirm:
-		return ex.confirmRequest(nil, true)
-	default:
-		return ex.statusRequest(nil, true)
-	}
+	return ex.proc.request(ex, nil, true)
 }
 
 // bodyModesUsable reports whether Envoy sends what this route needs. Without
@@ -164,54 +162,21 @@ func (ex *exchange) bodyModesUsable() bool {
 }
 
 func (ex *exchange) onRequestBody(b *extprocv3.HttpBody) (*extprocv3.ProcessingResponse, bool) {
-	if ex.mcp != nil {
-		return ex.mcpRequestBody(b.GetBody())
-	}
-	if ex.op == nil || ex.requestDone {
+	if ex.requestDone {
 		return requestBodyReply(nil), false
 	}
 	ex.requestDone = true
 	// BUFFERED sends the whole body in one message; end_of_stream is false
 	// when trailers follow, which changes nothing here.
-	body := b.GetBody()
-	switch ex.kind {
-	case config.KindPreview:
-		return ex.previewRequest(body, false)
-	case config.KindConfirm:
-		return ex.confirmRequest(body, false)
-	default:
-		return ex.statusRequest(body, false)
-	}
+	return ex.proc.request(ex, b.GetBody(), false)
 }
 
 func (ex *exchange) onResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, bool) {
-	if ex.mcp != nil {
-		return ex.mcpResponseHeaders(h)
-	}
-	switch {
-	case ex.op == nil:
-		return responseHeadersReply(nil, nil), false
-	case ex.kind == config.KindPreview:
-		return ex.previewResponseHeaders(h)
-	case ex.kind == config.KindConfirm && ex.claimPhase == claimLetThrough:
-		return ex.confirmResponseHeaders(h)
-	}
-	return responseHeadersReply(nil, nil), false
+	return ex.proc.responseHeaders(ex, h)
 }
 
 func (ex *exchange) onResponseBody(b *extprocv3.HttpBody) (*extprocv3.ProcessingResponse, bool) {
-	if ex.mcp != nil {
-		return ex.mcpResponseBody(b.GetBody())
-	}
-	switch {
-	case ex.op == nil:
-		return responseBodyReply(nil, nil, false), false
-	case ex.kind == config.KindPreview:
-		return ex.previewResponseBody(b.GetBody())
-	case ex.kind == config.KindConfirm && ex.claimPhase == claimLetThrough:
-		return ex.confirmResponseBody(b.GetBody())
-	}
-	return responseBodyReply(nil, nil, false), false
+	return ex.proc.responseBody(ex, b.GetBody())
 }
 
 // parsedBody is a request body after the size and syntax checks.

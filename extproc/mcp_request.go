@@ -149,13 +149,11 @@ func decodeMCPHeader(v string) (string, bool) {
 	return v, true
 }
 
-// mcpRequestBody reads the JSON-RPC message and decides what it is.
-func (ex *exchange) mcpRequestBody(body []byte) (*extprocv3.ProcessingResponse, bool) {
+// mcpRequestBody reads the JSON-RPC message and decides what it is. The
+// headers alone never decide one (mcpRequestHeaders lets a bodiless
+// request through), so headersOnly is never set.
+func (ex *exchange) mcpRequestBody(body []byte, _ bool) (*extprocv3.ProcessingResponse, bool) {
 	m := ex.mcp
-	if ex.requestDone {
-		return requestBodyReply(nil), false
-	}
-	ex.requestDone = true
 	if int64(len(body)) > ex.srv.cfg.Limits.MaxBodyBytes {
 		return ex.mcpProtocolError(413, rpcInvalidRequest, "request too large: at most "+strconv.FormatInt(ex.srv.cfg.Limits.MaxBodyBytes, 10)+" bytes"), true
 	}

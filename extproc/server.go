@@ -142,7 +142,7 @@ func (s *Server) storeContext(ctx context.Context) (context.Context, context.Can
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	s.metrics.openStreams.Inc()
 	defer s.metrics.openStreams.Dec()
-	ex := &exchange{srv: s, ctx: stream.Context()}
+	ex := &exchange{srv: s, ctx: stream.Context(), proc: passThrough}
 	// Deferred first so it runs last: finish's settlement is inside the span.
 	defer ex.traceEnd()
 	// Whatever ends the stream, a record this stream acquired is settled
