@@ -16,54 +16,59 @@ import (
 
 // The confirm decisions. A verified confirm asks the store to Acquire its
 // fingerprint's nonce; the store's answer decides what becomes of the
-// request (answer, with leaseExpired and waitForAbandon). A request let
+// request (answer, with waitForAbandon and leaseExpired). A request let
 // through is then settled by what the upstream answered (settlement).
 //
-//	store answer          upstream outcome  honours  Store call               the client gets
-//	                                        keys
-//	── answer ────────────────────────────────────────────────────────────────────────────────────────
-//	ACQUIRED              (below)           yes      —                        the request, Idempotency-Key: <nonce>
-//	                                        no       —                        the request
-//	DONE, FAILED          —                 any      —                        the stored result, replayed
-//	IN_FLIGHT, held by    —                 any      Acquire again, after     per the new answer
-//	  this replica's own                             waiting for the give-back
-//	  failed attempt                                 (once per stream)
-//	IN_FLIGHT, lease      —                 any      —                        in_progress
+//	store answer           upstream outcome  honours  Store call                the client gets
+//	                                         keys
+//	── answer ──────────────────────────────────────────────────────────────────────────────────────────
+//	ACQUIRED               (settlement)      yes      —                         the request goes on, with
+//	                                                                            Idempotency-Key: <nonce>
+//	                                         no       —                         the request goes on
+//	DONE, FAILED           —                 any      —                         the stored result, replayed
+//	IN_FLIGHT, held by an  —                 any      Acquire again, once the   per the new answer
+//	  attempt of this                                 give-back ended (waited
+//	  replica being given                             for once per stream)
+//	  back in the background
+//	IN_FLIGHT, lease       —                 any      —                         in_progress
 //	  running, or over
 //	  with attempt > 0
-//	IN_FLIGHT, lease over —                 yes      Takeover                 per its answer (attempt 1)
-//	                                        no       MarkUnknown              needs_reconciliation; NOT_OWNER: per
-//	                                                                          the record now (attempt 1)
-//	UNKNOWN               —                 any      —                        needs_reconciliation
-//	PARAM_MISMATCH        —                 any      — (security event)       params_changed
-//	NOT_FOUND             —                 any      Acquire again while      per the new answer (attempt + 1)
-//	                                                 attempt <= 1
-//	anything else         —                 any      —                        internal_error
-//	── settlement: ACQUIRED, and the reply letting the request through was… ─────────────────────────
-//	never sent           —                  any      Abandon                  (nothing sent, or internal_error)
-//	sent                 done               any      Complete DONE, result    the upstream's answer, unchanged
-//	                     failed             any      Complete FAILED, result  the upstream's answer, unchanged
-//	                     ambiguous          yes      Release                  the upstream's answer, unchanged
-//	                                        no       MarkUnknown              the upstream's answer, unchanged
-//	sent; the stream     done, failed       yes      Release                  whatever Envoy sent
-//	  ended before the     (status only)    no       Complete DONE/FAILED,
-//	  answer was whole                                 no body
-//	                     none (no status)   yes      Release
-//	                                        no       MarkUnknown
+//	IN_FLIGHT, lease over  —                 yes      Takeover                  per its answer, attempt 1
+//	                                         no       MarkUnknown               OK: needs_reconciliation;
+//	                                                                            NOT_OWNER: per the record now;
+//	                                                                            else per the answer; attempt 1
+//	UNKNOWN                —                 any      —                         needs_reconciliation
+//	PARAM_MISMATCH         —                 any      — (security event)        params_changed
+//	NOT_FOUND, attempt<=1  —                 any      Acquire again             per the new answer, attempt + 1
+//	NOT_FOUND, attempt>1;  —                 any      —                         internal_error
+//	  any other answer
+//	── settlement: ACQUIRED, and the reply letting the request through was ─────────────────────────────
+//	never sent             —                 any      Abandon                   its loss, or internal_error
+//	                                                                            after a panic
+//	sent                   done              any      Complete DONE, result     the upstream's answer, as is
+//	                       failed            any      Complete FAILED, result   the upstream's answer, as is
+//	                       ambiguous         yes      Release                   the upstream's answer, as is
+//	                                         no       MarkUnknown               the upstream's answer, as is
+//	sent; the stream       done, failed      yes      Release                   whatever Envoy sends
+//	  ended before that      (status only)   no       Complete DONE/FAILED,
+//	  answer was whole                                  no body
+//	                       none (no status)  yes      Release
+//	                                         no       MarkUnknown
 //
 // "Honours keys": the operation names a downstream idempotency header, so
-// the upstream executes a re-sent key once and a second send is safe;
+// the upstream executes a re-sent key once and sending it again is safe;
 // without one a second send may execute twice, so what nobody can know goes
 // to a person (UNKNOWN). attempt counts follow-up calls: 0 for the first
-// Acquire, 1 after a Takeover or MarkUnknown, one more per Acquire again.
-// The upstream outcome is the operation's outcomes for the HTTP status
-// (DESIGN section 3); for an MCP tools/call answered 2xx it is the JSON-RPC
-// response's (mcpOutcome), and a 2xx without one is ambiguous. A failed
-// Acquire, Takeover or MarkUnknown is answered temporarily_unavailable (a
-// claim the failed call may have written is given back in the background).
-// An expired fingerprint never acquires: its record is read and answered
-// by the rows of its state, or fingerprint_expired when there is none
-// (expired, in verifyfail.go).
+// Acquire, 1 after a Takeover or MarkUnknown, one more per Acquire again of
+// a vanished record. The upstream outcome is the operation's outcomes for
+// the HTTP status (DESIGN section 3); for an MCP tools/call answered 2xx it
+// is the JSON-RPC response's (mcpOutcome), and a 2xx without one is
+// ambiguous. A failed Acquire, Takeover or MarkUnknown is answered
+// temporarily_unavailable (a claim the failed Acquire or Takeover may have
+// written is given back in the background). An expired fingerprint is not
+// acquired first: its record is read and, when there is one under the same
+// params, answered by the rows of its state; without one the answer is
+// fingerprint_expired (expired, in verifyfail.go).
 
 // outcomeClass is how an upstream answer settles a record: the operation's
 // config.Outcomes decide (DESIGN section 3's defaults, overridable).
@@ -341,15 +346,18 @@ func settlement(phase claimPhase, class outcomeClass, whole, honoursKeys bool) s
 	case phase != claimLetThrough:
 		return callNone
 	case class == classAmbiguous:
+		// Sent, ambiguous: nobody can know whether it executed.
 		return endLease
 	case whole:
+		// Sent, done or failed.
 		return complete
 	case class == classNone, honoursKeys:
-		// The stream ended first: no status says nothing; with a status, a
-		// downstream that honours keys is simply asked again by the retry.
+		// The stream ended first. Without a status nothing is known; with
+		// one, a downstream that honours keys is simply asked again by the
+		// next retry (same key).
 		return endLease
 	default:
-		// The status said DONE/FAILED but the body never arrived. A
+		// The status said done or failed but the body never arrived. A
 		// downstream that ignores keys cannot be asked again; record what
 		// is known rather than leave it UNKNOWN.
 		return complete

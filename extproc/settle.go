@@ -6,6 +6,9 @@ import (
 	"github.com/idemgate/idemgate/state"
 )
 
+// The Store calls that settle a stream's claim. settle (claim.go) makes the
+// one settlement (confirm.go) picks.
+
 // complete writes DONE (callCompleteDone) or FAILED (callCompleteFailed)
 // with the upstream result.
 func (ex *exchange) complete(call storeCall, body []byte) {
