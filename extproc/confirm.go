@@ -263,7 +263,7 @@ func (ex *exchange) leaseExpired(rec state.Record, claims fingerprint.Claims, ow
 func (ex *exchange) confirmResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, bool) {
 	if ex.claimPhase != claimLetThrough {
 		// Only a request idemgate let through has an answer to record.
-		return passResponseHeaders(ex, h)
+		return responseHeadersReply(nil, nil), false
 	}
 	ex.respStatus = responseStatus(h)
 	ex.respClass = ex.op.Outcomes.Classify(ex.respStatus)
@@ -292,7 +292,7 @@ func (ex *exchange) confirmResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3
 // reaches the client unchanged, whatever the store says.
 func (ex *exchange) confirmResponseBody(body []byte) (*extprocv3.ProcessingResponse, bool) {
 	if ex.claimPhase != claimLetThrough {
-		return passResponseBody(ex, body)
+		return responseBodyReply(nil, nil, false), false
 	}
 	ex.settle(true, body, "")
 	return responseBodyReply(nil, nil, false), true

@@ -33,7 +33,7 @@ type exchange struct {
 	traceID string
 	// proc handles the stream's messages after its request headers
 	// (processor.go); passThrough until they chose another.
-	proc *processor
+	proc processor
 
 	// Body modes from protocol_config (sent on the first message only).
 	sawProtocol      bool
