@@ -223,7 +223,8 @@ type View struct {
 	// Immediate is the ImmediateResponse that ended the request, if any.
 	Immediate *extprocv3.ImmediateResponse
 	// UpstreamCalled: the request reached the upstream, with UpstreamHeaders
-	// and UpstreamBody.
+	// and UpstreamBody (when it did not, they are the request as the
+	// server's mutations had left it).
 	UpstreamCalled  bool
 	UpstreamHeaders map[string]string
 	UpstreamBody    []byte
