@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"strconv"
@@ -16,18 +15,16 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/security"
+	"github.com/idemgate/idemgate/internal/extprocdriver"
 	"github.com/idemgate/idemgate/internal/testutil"
 	"github.com/idemgate/idemgate/state"
 	"github.com/idemgate/idemgate/state/memory"
@@ -238,112 +235,11 @@ type clientStream interface {
 
 // dialer opens streams to the server under test.
 type dialer interface {
+	client() extprocdriver.Client
 	open(t testing.TB) clientStream
 }
 
-// --- fake in-process stream (channels) -------------------------------------
-
-// fakeServerStream implements ExternalProcessor_ProcessServer over channels.
-type fakeServerStream struct {
-	grpc.ServerStream
-	ctx      context.Context
-	in       chan *extprocv3.ProcessingRequest
-	out      chan *extprocv3.ProcessingResponse
-	sendErr  atomic.Pointer[error]
-	received atomic.Int32
-	share    bool
-}
-
-func (f *fakeServerStream) Context() context.Context { return f.ctx }
-
-func (f *fakeServerStream) Recv() (*extprocv3.ProcessingRequest, error) {
-	select {
-	case <-f.ctx.Done():
-		return nil, f.ctx.Err()
-	case req, ok := <-f.in:
-		if !ok {
-			return nil, io.EOF
-		}
-		f.received.Add(1)
-		return req, nil
-	}
-}
-
-// Send hands the client a copy of resp, as gRPC does by serialising it: the
-// server may reuse a reply's memory once Send returned.
-func (f *fakeServerStream) Send(resp *extprocv3.ProcessingResponse) error {
-	if p := f.sendErr.Load(); p != nil {
-		return *p
-	}
-	if !f.share {
-		resp = proto.Clone(resp).(*extprocv3.ProcessingResponse)
-	}
-	select {
-	case f.out <- resp:
-		return nil
-	case <-f.ctx.Done():
-		return f.ctx.Err()
-	}
-}
-
-func (f *fakeServerStream) SetHeader(metadata.MD) error  { return nil }
-func (f *fakeServerStream) SendHeader(metadata.MD) error { return nil }
-func (f *fakeServerStream) SetTrailer(metadata.MD)       {}
-
-// fakeClient drives a fakeServerStream served by srv.Process in a goroutine.
-type fakeClient struct {
-	s      *fakeServerStream
-	cancel context.CancelFunc
-	done   chan error
-	closed bool
-}
-
-func (c *fakeClient) Send(req *extprocv3.ProcessingRequest) error {
-	c.s.in <- req
-	return nil
-}
-
-func (c *fakeClient) Recv() (*extprocv3.ProcessingResponse, error) {
-	select {
-	case resp := <-c.s.out:
-		return resp, nil
-	case err := <-c.done:
-		c.done <- err
-		// Process may have sent its last reply just before returning.
-		select {
-		case resp := <-c.s.out:
-			return resp, nil
-		default:
-		}
-		if err == nil {
-			return nil, io.EOF
-		}
-		return nil, err
-	case <-time.After(10 * time.Second):
-		return nil, errors.New("fake stream: no reply within 10s")
-	}
-}
-
-func (c *fakeClient) Close() {
-	if !c.closed {
-		c.closed = true
-		close(c.s.in)
-	}
-	c.cancel()
-}
-
-// wait returns what Process returned.
-func (c *fakeClient) wait(t testing.TB) error {
-	select {
-	case err := <-c.done:
-		c.done <- err
-		return err
-	case <-time.After(10 * time.Second):
-		t.Fatal("Process did not return")
-		return nil
-	}
-}
-
+// fakeDialer serves streams in-process (extprocdriver.InProcess).
 type fakeDialer struct {
 	srv *Server
 	// shareReplies hands the client the server's reply itself instead of a
@@ -353,22 +249,39 @@ type fakeDialer struct {
 	shareReplies bool
 }
 
+func (d fakeDialer) client() extprocdriver.Client {
+	return &extprocdriver.InProcess{Server: d.srv, ShareReplies: d.shareReplies}
+}
+
 func (d fakeDialer) open(t testing.TB) clientStream { return d.openFake(t) }
 
+// fakeClient is one in-process stream.
+type fakeClient struct{ *extprocdriver.Stream }
+
 func (d fakeDialer) openFake(t testing.TB) *fakeClient {
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &fakeServerStream{ctx: ctx, in: make(chan *extprocv3.ProcessingRequest, 4), out: make(chan *extprocv3.ProcessingResponse, 4), share: d.shareReplies}
-	c := &fakeClient{s: s, cancel: cancel, done: make(chan error, 1)}
-	go func() { c.done <- d.srv.Process(s) }()
-	t.Cleanup(cancel)
+	c := &fakeClient{(&extprocdriver.InProcess{Server: d.srv, ShareReplies: d.shareReplies}).Open(context.Background())}
+	t.Cleanup(c.Close)
 	return c
+}
+
+// wait returns what Process returned.
+func (c *fakeClient) wait(t testing.TB) error {
+	select {
+	case <-c.Done():
+		return c.Err()
+	case <-time.After(10 * time.Second):
+		t.Fatal("Process did not return")
+		return nil
+	}
 }
 
 // --- real gRPC ----------------------------------------------------------------
 
 type grpcDialer struct {
-	client extprocv3.ExternalProcessorClient
+	c extprocv3.ExternalProcessorClient
 }
+
+func (d grpcDialer) client() extprocdriver.Client { return d.c }
 
 type grpcClient struct {
 	extprocv3.ExternalProcessor_ProcessClient
@@ -382,7 +295,7 @@ func (c *grpcClient) Close() {
 
 func (d grpcDialer) open(t testing.TB) clientStream {
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := d.client.Process(ctx)
+	s, err := d.c.Process(ctx)
 	require.NoError(t, err)
 	t.Cleanup(cancel)
 	return &grpcClient{ExternalProcessor_ProcessClient: s, cancel: cancel}
@@ -401,10 +314,10 @@ func (e *env) startGRPC(t testing.TB) grpcDialer {
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
-	return grpcDialer{client: extprocv3.NewExternalProcessorClient(conn)}
+	return grpcDialer{c: extprocv3.NewExternalProcessorClient(conn)}
 }
 
-// --- the Envoy side of one HTTP exchange (BUFFERED both ways) ---------------
+// --- one HTTP exchange, Envoy's side played by extprocdriver ----------------
 
 type header struct{ k, v string }
 
@@ -449,172 +362,56 @@ func (r result) json(t testing.TB) map[string]any {
 	return m
 }
 
-func headerMap(hs []header) *corev3.HeaderMap {
-	hm := &corev3.HeaderMap{}
+func headerValues(hs []header) []*corev3.HeaderValue {
+	out := make([]*corev3.HeaderValue, 0, len(hs))
 	for _, h := range hs {
-		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: h.k, RawValue: []byte(h.v)})
+		out = append(out, &corev3.HeaderValue{Key: h.k, RawValue: []byte(h.v)})
 	}
-	return hm
+	return out
 }
 
-// applyMutation applies a HeaderMutation like Envoy: removes first, then
-// sets, raw_value only, append unset = overwrite.
-func applyMutation(t testing.TB, hs map[string]string, m *extprocv3.HeaderMutation) {
-	t.Helper()
-	if m == nil {
-		return
-	}
-	for _, r := range m.RemoveHeaders {
-		delete(hs, r)
-	}
-	for _, s := range m.SetHeaders {
-		require.Empty(t, s.GetHeader().GetValue(), "header %s set through value, Envoy reads raw_value only", s.GetHeader().GetKey())
-		k := s.GetHeader().GetKey()
-		v := string(s.GetHeader().GetRawValue())
-		//lint:ignore SA1019 the append flag is what idemgate sets (see confirm.go)
-		if s.GetAppend().GetValue() && hs[k] != "" {
-			hs[k] = hs[k] + "," + v
-			continue
-		}
-		hs[k] = v
-	}
+func headerMap(hs []header) *corev3.HeaderMap {
+	return &corev3.HeaderMap{Headers: headerValues(hs)}
 }
 
-// do runs one HTTP exchange through idemgate exactly as Envoy does with
-// processing_mode {request_body_mode: BUFFERED, response_body_mode:
-// BUFFERED}, headers SEND, trailers SKIP, allow_mode_override: true: one
-// message per phase, one reply each, header mutations in body replies
-// applied to the held headers, content-length checked after a body mutation.
+// testFilter is envoy/envoy.yaml's ext_proc filter (BUFFERED both ways,
+// headers SEND, trailers SKIP, allow_mode_override), with a message timeout
+// long enough for a loaded test machine.
+var testFilter = func() extprocdriver.Filter {
+	f := extprocdriver.EnvoyFilter()
+	f.MessageTimeout = 10 * time.Second
+	return f
+}()
+
+// do runs one HTTP exchange through idemgate exactly as Envoy does (see
+// extprocdriver): one message per phase, one reply each, mode overrides
+// honoured, header mutations in body replies applied to the held headers,
+// content-length checked after a body mutation. Anything Envoy would fail
+// the request for, a header set through value (Envoy reads raw_value) and a
+// mode_override in a body reply (Envoy ignores it) fail the test.
 func do(t testing.TB, d dialer, req httpRequest, upstream upstreamFunc) result {
 	t.Helper()
-	s := d.open(t)
-	defer s.Close()
-	var res result
-	md := req.metadata
-	if md == nil {
-		md = &corev3.Metadata{}
-	}
-	reqHeaders := map[string]string{}
 	hs := append([]header{{":method", req.method}, {":path", req.path}, {":authority", "api.example"}, {":scheme", "http"}}, req.headers...)
 	if req.body != nil {
 		hs = append(hs, header{"content-length", strconv.Itoa(len(req.body))})
 	}
-	for _, h := range hs {
-		reqHeaders[h.k] = h.v
-	}
-	respBodyMode := filterv3.ProcessingMode_BUFFERED
-	respHeaderMode := filterv3.ProcessingMode_SEND
-	reqBodyMode := filterv3.ProcessingMode_BUFFERED
-
-	exchangeMsg := func(msg *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-		msg.MetadataContext = md
-		require.NoError(t, s.Send(msg))
-		resp, err := s.Recv()
-		require.NoError(t, err)
-		res.replies++
-		return resp
-	}
-	takeImmediate := func(resp *extprocv3.ProcessingResponse) bool {
-		im := resp.GetImmediateResponse()
-		if im == nil {
-			return false
+	dreq := &extprocdriver.Request{Headers: headerValues(hs), Body: req.body, Metadata: req.metadata}
+	out, v := testFilter.Trace(context.Background(), d.client(), dreq, func(headers map[string]string, body []byte) extprocdriver.Response {
+		up := upstream(headers, body)
+		rhs := append([]header{{":status", strconv.Itoa(up.status)}}, up.headers...)
+		if len(up.body) > 0 {
+			rhs = append(rhs, header{"content-length", strconv.Itoa(len(up.body))})
 		}
-		res.immediate = im
-		res.status = int(im.GetStatus().GetCode())
-		if res.status < 200 {
-			res.status = 200
-		}
-		res.headers = map[string]string{}
-		applyMutation(t, res.headers, im.GetHeaders())
-		res.body = im.GetBody()
-		return true
-	}
-	applyMode := func(m *filterv3.ProcessingMode) {
-		if m == nil {
-			return
-		}
-		reqBodyMode = m.RequestBodyMode
-		respBodyMode = m.ResponseBodyMode
-		if m.ResponseHeaderMode != filterv3.ProcessingMode_DEFAULT {
-			respHeaderMode = m.ResponseHeaderMode
-		}
-	}
-
-	// request_headers (protocol_config only on the first message)
-	resp := exchangeMsg(&extprocv3.ProcessingRequest{
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_BUFFERED},
-		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headerMap(hs), EndOfStream: req.body == nil}},
+		return extprocdriver.Response{Status: up.status, Headers: headerValues(rhs), Body: up.body, Reset: up.reset}
 	})
-	if takeImmediate(resp) {
-		return res
+	require.Equal(t, extprocdriver.ErrNone, out.Error, "Envoy would fail the request: %v", out)
+	require.Zero(t, out.Marks&extprocdriver.MarkValueField, "a header set through value, Envoy reads raw_value only")
+	require.Zero(t, out.Marks&extprocdriver.MarkIgnoredOverride, "mode_override in a body reply is ignored by Envoy")
+	require.Zero(t, out.Marks&extprocdriver.MarkClosedEarly, "the stream closed before a reply")
+	return result{
+		immediate: v.Immediate, upstreamCalled: v.UpstreamCalled, upstreamHdrs: v.UpstreamHeaders, upstreamBody: v.UpstreamBody,
+		status: v.Status, headers: v.Headers, body: v.Body, replies: v.Replies,
 	}
-	require.NotNil(t, resp.GetRequestHeaders(), "spurious reply to request_headers: %v", resp)
-	applyMutation(t, reqHeaders, resp.GetRequestHeaders().GetResponse().GetHeaderMutation())
-	applyMode(resp.GetModeOverride())
-	reqBody := req.body
-
-	// request_body
-	if req.body != nil && reqBodyMode == filterv3.ProcessingMode_BUFFERED {
-		resp = exchangeMsg(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: req.body, EndOfStream: true}}})
-		if takeImmediate(resp) {
-			return res
-		}
-		require.NotNil(t, resp.GetRequestBody(), "spurious reply to request_body: %v", resp)
-		require.Nil(t, resp.GetModeOverride(), "mode_override in a body reply is ignored by Envoy")
-		applyMutation(t, reqHeaders, resp.GetRequestBody().GetResponse().GetHeaderMutation())
-		if bm := resp.GetRequestBody().GetResponse().GetBodyMutation(); bm != nil {
-			reqBody = bm.GetBody()
-		}
-	}
-
-	// upstream
-	res.upstreamCalled = true
-	res.upstreamHdrs = reqHeaders
-	res.upstreamBody = reqBody
-	up := upstream(reqHeaders, reqBody)
-	if up.reset {
-		// Envoy answers the client itself (503/504) and tears the stream down.
-		res.status = 504
-		return res
-	}
-	res.status = up.status
-	respHeaders := map[string]string{":status": strconv.Itoa(up.status)}
-	rhs := append([]header{{":status", strconv.Itoa(up.status)}}, up.headers...)
-	if len(up.body) > 0 {
-		rhs = append(rhs, header{"content-length", strconv.Itoa(len(up.body))})
-	}
-	for _, h := range rhs {
-		respHeaders[h.k] = h.v
-	}
-	respBody := up.body
-
-	if respHeaderMode == filterv3.ProcessingMode_SEND {
-		resp = exchangeMsg(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{Headers: headerMap(rhs), EndOfStream: len(up.body) == 0}}})
-		if takeImmediate(resp) {
-			return res
-		}
-		require.NotNil(t, resp.GetResponseHeaders(), "spurious reply to response_headers: %v", resp)
-		applyMutation(t, respHeaders, resp.GetResponseHeaders().GetResponse().GetHeaderMutation())
-		applyMode(resp.GetModeOverride())
-		if len(up.body) > 0 && respBodyMode == filterv3.ProcessingMode_BUFFERED {
-			resp = exchangeMsg(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: up.body, EndOfStream: true}}})
-			if takeImmediate(resp) {
-				return res
-			}
-			require.NotNil(t, resp.GetResponseBody(), "spurious reply to response_body: %v", resp)
-			applyMutation(t, respHeaders, resp.GetResponseBody().GetResponse().GetHeaderMutation())
-			if bm := resp.GetResponseBody().GetResponse().GetBodyMutation(); bm != nil {
-				respBody = bm.GetBody()
-				// BUFFERED + header SEND: Envoy 500s on a length mismatch.
-				if cl, ok := respHeaders["content-length"]; ok {
-					require.Equal(t, strconv.Itoa(len(respBody)), cl, "content-length must match the mutated body")
-				}
-			}
-		}
-	}
-	res.headers = respHeaders
-	res.body = respBody
-	return res
 }
 
 // --- the demo upstream ------------------------------------------------------

@@ -71,11 +71,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *upstreamOnly {
 		addr := *listen
 		if addr == "" {
-			bs, err := decodeBootstrap(envoy.BootstrapYAML())
+			g, err := envoytest.DecodeBootstrap(envoy.BootstrapYAML())
 			if err != nil {
 				return err
 			}
-			if addr, err = clusterAddress(bs, paymentsCluster); err != nil {
+			if addr, err = clusterAddress(g.Bootstrap, envoytest.PaymentsCluster); err != nil {
 				return err
 			}
 		}
@@ -247,12 +247,12 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer, logge
 		return err
 	}
 	stops = append(stops, func() error { return front.stop(shutdownTimeout) })
-	logger.Info("envoy started", "pid", front.pid(), "version", version, "listener", front.listen, "admin", front.adminAddr)
+	logger.Info("envoy started", "pid", front.pid(), "version", version, "listener", front.ListenAddr, "admin", front.AdminAddr)
 
 	script, err := demoScript(scriptInfo{
 		rt: rt, keySource: keySource,
 		envoyVersion: version, envoyBin: o.envoyBin,
-		frontURL: "http://" + loopbackDialable(front.listen), envoyAdminURL: "http://" + front.adminAddr,
+		frontURL: "http://" + loopbackDialable(front.ListenAddr), envoyAdminURL: "http://" + front.AdminAddr,
 		grpcAddr: idem.grpcAddr, idemgateAdmin: idem.adminAddr,
 		paymentsURL: pay.url,
 	}, time.Now())
@@ -263,7 +263,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer, logge
 	if _, err := io.WriteString(stdout, script); err != nil {
 		return fmt.Errorf("failed to print the demo commands: %w", err)
 	}
-	logger.Info("demo ready: paste the commands printed on stdout into another shell", "front", "http://"+loopbackDialable(front.listen))
+	logger.Info("demo ready: paste the commands printed on stdout into another shell", "front", "http://"+loopbackDialable(front.ListenAddr))
 
 	select {
 	case <-ctx.Done():

@@ -487,9 +487,9 @@ func TestDemoUpstreamOnly(t *testing.T) {
 	// cluster (envoy/envoy.yaml) must be where it listens.
 	target, cmd := composePayments(t)
 	require.Equal(t, "demo", target)
-	bs, err := decodeBootstrap(envoy.BootstrapYAML())
+	g, err := envoytest.DecodeBootstrap(envoy.BootstrapYAML())
 	require.NoError(t, err)
-	clusterAddr, err := clusterAddress(bs, paymentsCluster)
+	clusterAddr, err := clusterAddress(g.Bootstrap, envoytest.PaymentsCluster)
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1:8081", clusterAddr)
 	require.Equal(t, []string{"--upstream-only", "--listen", clusterAddr}, cmd)
@@ -699,7 +699,7 @@ func TestDemoBootstrapIsTheShippedOne(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1", got.Listener.GetAddress().GetSocketAddress().GetAddress())
 	require.EqualValues(t, 18080, got.ListenerPort())
-	for name, want := range map[string]string{idemgateCluster: addrs.idemgate, paymentsCluster: addrs.payments} {
+	for name, want := range map[string]string{envoytest.IdemgateCluster: addrs.idemgate, envoytest.PaymentsCluster: addrs.payments} {
 		addr, err := clusterAddress(got.Bootstrap, name)
 		require.NoError(t, err)
 		require.Equal(t, want, addr)
@@ -712,10 +712,10 @@ func TestDemoBootstrapIsTheShippedOne(t *testing.T) {
 	restore := func(dst, src *corev3.SocketAddress) { dst.Address, dst.PortSpecifier = src.Address, src.PortSpecifier }
 	restore(got.Listener.GetAddress().GetSocketAddress(), shipped.Listener.GetAddress().GetSocketAddress())
 	restore(got.Bootstrap.GetAdmin().GetAddress().GetSocketAddress(), shipped.Bootstrap.GetAdmin().GetAddress().GetSocketAddress())
-	for _, name := range []string{idemgateCluster, paymentsCluster} {
-		dst, err := clusterEndpoint(got.Bootstrap, name)
+	for _, name := range []string{envoytest.IdemgateCluster, envoytest.PaymentsCluster} {
+		dst, err := envoytest.ClusterEndpoint(got.Bootstrap, name)
 		require.NoError(t, err)
-		src, err := clusterEndpoint(shipped.Bootstrap, name)
+		src, err := envoytest.ClusterEndpoint(shipped.Bootstrap, name)
 		require.NoError(t, err)
 		restore(dst, src)
 	}

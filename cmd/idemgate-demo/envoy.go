@@ -6,90 +6,27 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
-	"path/filepath"
+	"os/exec"
 	"strconv"
+	"strings"
 	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3" // typed_config types of envoy.yaml
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	jwtauthnv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
-	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
-	"google.golang.org/protobuf/encoding/protojson"
-	"sigs.k8s.io/yaml"
 
 	"github.com/idemgate/idemgate/e2e/demoauth"
+	"github.com/idemgate/idemgate/envoy/envoytest"
 )
-
-// The clusters of envoy/envoy.yaml the demo points at its own processes.
-const (
-	idemgateCluster = "idemgate"
-	paymentsCluster = "payments"
-)
-
-// decodeBootstrap decodes envoy/envoy.yaml into the v3 types. Unknown fields
-// are errors, so a field this decoder does not know cannot silently vanish
-// from what the demo hands Envoy.
-func decodeBootstrap(data []byte) (*bootstrapv3.Bootstrap, error) {
-	js, err := yaml.YAMLToJSON(data)
-	if err != nil {
-		return nil, fmt.Errorf("failed to read envoy/envoy.yaml: %w", err)
-	}
-	var bs bootstrapv3.Bootstrap
-	if err := protojson.Unmarshal(js, &bs); err != nil {
-		return nil, fmt.Errorf("failed to decode envoy/envoy.yaml: %w", err)
-	}
-	return &bs, nil
-}
 
 // clusterAddress is the single endpoint of a cluster of bs, as host:port.
 func clusterAddress(bs *bootstrapv3.Bootstrap, name string) (string, error) {
-	sa, err := clusterEndpoint(bs, name)
+	sa, err := envoytest.ClusterEndpoint(bs, name)
 	if err != nil {
 		return "", err
 	}
 	return net.JoinHostPort(sa.GetAddress(), strconv.FormatUint(uint64(sa.GetPortValue()), 10)), nil
-}
-
-func clusterEndpoint(bs *bootstrapv3.Bootstrap, name string) (*corev3.SocketAddress, error) {
-	for _, c := range bs.GetStaticResources().GetClusters() {
-		if c.GetName() != name {
-			continue
-		}
-		eps := c.GetLoadAssignment().GetEndpoints()
-		if len(eps) != 1 || len(eps[0].GetLbEndpoints()) != 1 {
-			return nil, fmt.Errorf("cluster %s of envoy/envoy.yaml should have exactly one endpoint", name)
-		}
-		sa := eps[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
-		if sa == nil {
-			return nil, fmt.Errorf("cluster %s of envoy/envoy.yaml has no socket address", name)
-		}
-		return sa, nil
-	}
-	return nil, fmt.Errorf("envoy/envoy.yaml has no cluster %s", name)
-}
-
-// setSocketAddress points sa at hostport.
-func setSocketAddress(sa *corev3.SocketAddress, hostport string) error {
-	host, port, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return fmt.Errorf("bad address %q: %w", hostport, err)
-	}
-	p, err := strconv.ParseUint(port, 10, 16)
-	if err != nil {
-		return fmt.Errorf("bad port in %q: %w", hostport, err)
-	}
-	sa.Address = host
-	sa.PortSpecifier = &corev3.SocketAddress_PortValue{PortValue: uint32(p)}
-	return nil
 }
 
 // frontAddrs is what the demo substitutes in envoy/envoy.yaml: where
@@ -101,71 +38,39 @@ type frontAddrs struct {
 
 // renderBootstrap returns the shipped envoy/envoy.yaml with only the
 // listener's and the admin's addresses and the idemgate and payments
-// endpoints replaced, as JSON (which Envoy reads as YAML). It also checks
-// that the shipped jwt_authn provider trusts the demo's token key, without
-// which every printed command would get a 401.
+// endpoints replaced (envoytest.RenderBootstrap). It also checks that the
+// shipped jwt_authn provider trusts the demo's token key, without which
+// every printed command would get a 401.
 func renderBootstrap(shipped []byte, a frontAddrs) ([]byte, error) {
-	bs, err := decodeBootstrap(shipped)
+	g, err := envoytest.DecodeBootstrap(shipped)
 	if err != nil {
+		return nil, fmt.Errorf("failed to decode envoy/envoy.yaml: %w", err)
+	}
+	if err := checkDemoJWKS(g); err != nil {
 		return nil, err
 	}
-	listeners := bs.GetStaticResources().GetListeners()
-	if len(listeners) != 1 {
-		return nil, fmt.Errorf("envoy/envoy.yaml should have one listener, has %d", len(listeners))
-	}
-	if err := setSocketAddress(listeners[0].GetAddress().GetSocketAddress(), a.listen); err != nil {
-		return nil, fmt.Errorf("listener: %w", err)
-	}
-	if err := setSocketAddress(bs.GetAdmin().GetAddress().GetSocketAddress(), a.admin); err != nil {
-		return nil, fmt.Errorf("admin: %w", err)
-	}
-	for name, addr := range map[string]string{idemgateCluster: a.idemgate, paymentsCluster: a.payments} {
-		sa, err := clusterEndpoint(bs, name)
-		if err != nil {
-			return nil, err
-		}
-		if err := setSocketAddress(sa, addr); err != nil {
-			return nil, fmt.Errorf("cluster %s: %w", name, err)
-		}
-	}
-	if err := checkDemoJWKS(bs); err != nil {
-		return nil, err
-	}
-	return protojson.Marshal(bs)
+	return envoytest.RenderBootstrap(shipped, envoytest.Edits{
+		Listen: a.listen, Admin: a.admin,
+		Clusters: map[string]string{envoytest.IdemgateCluster: a.idemgate, envoytest.PaymentsCluster: a.payments},
+	})
 }
 
-// checkDemoJWKS makes sure a jwt_authn provider of bs verifies demoauth's
+// checkDemoJWKS makes sure a jwt_authn provider of g verifies demoauth's
 // tokens with demoauth's public key (envoy.yaml inlines it as local_jwks).
-func checkDemoJWKS(bs *bootstrapv3.Bootstrap) error {
+func checkDemoJWKS(g *envoytest.Gateway) error {
 	want, err := canonicalJSON(demoauth.JWKS())
 	if err != nil {
 		return err
 	}
-	for _, l := range bs.GetStaticResources().GetListeners() {
-		for _, fc := range l.GetFilterChains() {
-			for _, f := range fc.GetFilters() {
-				var hcm hcmv3.HttpConnectionManager
-				if !f.GetTypedConfig().MessageIs(&hcm) {
-					continue
-				}
-				if err := f.GetTypedConfig().UnmarshalTo(&hcm); err != nil {
-					return err
-				}
-				for _, hf := range hcm.GetHttpFilters() {
-					var jwt jwtauthnv3.JwtAuthentication
-					if !hf.GetTypedConfig().MessageIs(&jwt) {
-						continue
-					}
-					if err := hf.GetTypedConfig().UnmarshalTo(&jwt); err != nil {
-						return err
-					}
-					for _, p := range jwt.GetProviders() {
-						got, err := canonicalJSON([]byte(p.GetLocalJwks().GetInlineString()))
-						if err == nil && p.GetIssuer() == demoauth.Issuer && bytes.Equal(got, want) {
-							return nil
-						}
-					}
-				}
+	for _, f := range g.Filters {
+		jwt, ok := f.Config.(*jwtauthnv3.JwtAuthentication)
+		if !ok {
+			continue
+		}
+		for _, p := range jwt.GetProviders() {
+			got, err := canonicalJSON([]byte(p.GetLocalJwks().GetInlineString()))
+			if err == nil && p.GetIssuer() == demoauth.Issuer && bytes.Equal(got, want) {
+				return nil
 			}
 		}
 	}
@@ -180,12 +85,13 @@ func canonicalJSON(b []byte) ([]byte, error) {
 	return json.Marshal(v)
 }
 
-// envoyFront is the running Envoy.
+// envoyFront is the running Envoy, stopped and watched like the demo's
+// other children.
 type envoyFront struct {
-	*child
-	version   string
-	adminAddr string
-	listen    string // the listener's address, as bound
+	*envoytest.Envoy
+	version string
+	out     *lineWriter
+	done    chan struct{} // closed once Envoy exited and its output was copied
 }
 
 // envoyReadyTimeout bounds Envoy's start: process up, clusters initialised
@@ -193,105 +99,53 @@ type envoyFront struct {
 const envoyReadyTimeout = 60 * time.Second
 
 // startEnvoy runs bin on the rendered bootstrap in dir and waits until its
-// admin says LIVE, then reads the listener's bound address from the admin
-// (the listener may have been asked for port 0).
+// admin says LIVE and the listener is bound (envoytest.Start, which reads
+// the listener's bound address back: it may have been asked for port 0).
+// The access log (stdout) and Envoy's warnings join the demo's log on
+// stderr, each line prefixed "envoy: "; the access log is flushed every
+// 500 ms instead of Envoy's 10 s, so that a person sees each request's line
+// as it happens.
 func startEnvoy(ctx context.Context, bin, version, dir string, bootstrap []byte, log *lockedWriter) (*envoyFront, error) {
-	cfg := filepath.Join(dir, "envoy.yaml")
-	if err := os.WriteFile(cfg, bootstrap, 0o600); err != nil {
-		return nil, err
-	}
-	adminPath := filepath.Join(dir, "envoy-admin-address")
-	// --disable-hot-restart: no shared memory or domain socket (keyed by
-	// --base-id) that another Envoy on this machine could hold. The access
-	// log (stdout) and Envoy's warnings join the demo's log on stderr; the
-	// access log is flushed every 500 ms instead of Envoy's 10 s, so that a
-	// person sees each request's line as it happens.
-	c, err := startChild("envoy", bin, []string{
-		"-c", cfg, "--disable-hot-restart", "--concurrency", "2", "--log-level", "warning",
-		"--file-flush-interval-msec", "500", "--admin-address-path", adminPath,
-	}, os.Environ(), log, nil)
+	out := &lineWriter{emit: func(line string) { log.writeLine("envoy: " + line) }}
+	e, err := envoytest.Start(ctx, envoytest.Options{
+		Bin: bin, Bootstrap: bootstrap, Dir: dir,
+		Concurrency: 2, FlushInterval: 500 * time.Millisecond,
+		Stdout: out, Stderr: out, Env: os.Environ(),
+		ReadyTimeout: envoyReadyTimeout,
+	})
 	if err != nil {
-		return nil, err
+		out.flush()
+		return nil, fmt.Errorf("envoy failed to start: %w", err)
 	}
-	f := &envoyFront{child: c, version: version}
-	if err := f.waitReady(ctx, adminPath); err != nil {
-		_ = c.stop(5 * time.Second)
-		return nil, err
-	}
+	f := &envoyFront{Envoy: e, version: version, out: out, done: make(chan struct{})}
+	go func() {
+		<-e.Done()
+		out.flush()
+		close(f.done)
+	}()
 	return f, nil
 }
 
-var adminClient = &http.Client{Timeout: 2 * time.Second}
+func (f *envoyFront) pid() int { return f.Pid() }
 
-func (f *envoyFront) waitReady(ctx context.Context, adminPath string) error {
-	deadline := time.Now().Add(envoyReadyTimeout)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-f.done:
-			return fmt.Errorf("envoy failed to start: %w", f.exited())
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("envoy was not ready within %s", envoyReadyTimeout)
-		}
-		if f.adminAddr == "" {
-			b, err := os.ReadFile(adminPath)
-			if err != nil || len(bytes.TrimSpace(b)) == 0 {
-				continue
-			}
-			f.adminAddr = string(bytes.TrimSpace(b))
-		}
-		resp, err := adminClient.Get("http://" + f.adminAddr + "/ready")
-		if err != nil {
-			continue
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			continue
-		}
-		addr, err := f.listenerAddress()
-		if err != nil {
-			return err
-		}
-		f.listen = addr
-		return nil
-	}
+// exited reports, once Envoy has exited, why, with its last lines.
+func (f *envoyFront) exited() error {
+	return fmt.Errorf("envoy exited (%v); its last lines:\n  %s", f.Err(), strings.ReplaceAll(f.Tail(), "\n", "\n  "))
 }
 
-// listenerAddress asks the admin where the one listener is bound.
-func (f *envoyFront) listenerAddress() (string, error) {
-	resp, err := adminClient.Get("http://" + f.adminAddr + "/listeners?format=json")
-	if err != nil {
-		return "", fmt.Errorf("failed to read envoy's listeners: %w", err)
+// stop sends SIGTERM and waits up to grace, then kills Envoy. It returns an
+// error when Envoy did not exit cleanly.
+func (f *envoyFront) stop(grace time.Duration) error {
+	err := f.Stop(grace)
+	<-f.done
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ee):
+		return f.exited()
 	}
-	defer resp.Body.Close()
-	var ls struct {
-		ListenerStatuses []struct {
-			Name         string `json:"name"`
-			LocalAddress struct {
-				SocketAddress struct {
-					Address   string `json:"address"`
-					PortValue uint32 `json:"port_value"`
-				} `json:"socket_address"`
-			} `json:"local_address"`
-		} `json:"listener_statuses"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&ls); err != nil {
-		return "", fmt.Errorf("failed to decode envoy's listeners: %w", err)
-	}
-	if len(ls.ListenerStatuses) != 1 {
-		return "", fmt.Errorf("envoy reports %d listeners, want 1", len(ls.ListenerStatuses))
-	}
-	sa := ls.ListenerStatuses[0].LocalAddress.SocketAddress
-	if sa.PortValue == 0 {
-		return "", errors.New("envoy reports its listener on port 0")
-	}
-	return net.JoinHostPort(sa.Address, strconv.FormatUint(uint64(sa.PortValue), 10)), nil
+	return fmt.Errorf("envoy: %w", err)
 }
 
 // loopbackDialable turns a bound address into one a client on this machine

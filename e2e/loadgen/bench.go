@@ -19,6 +19,7 @@ import (
 	"github.com/idemgate/idemgate/e2e/loadgen/driver"
 	"github.com/idemgate/idemgate/e2e/loadgen/report"
 	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/internal/extprocdriver"
 )
 
 // bench is one benchmark run: its services, servers and report.
@@ -46,19 +47,19 @@ type bench struct {
 
 // Expectations: the outcome each scenario must produce; anything else is
 // counted as an error.
-func expectPreview(o driver.Outcome) bool {
+func expectPreview(o extprocdriver.Outcome) bool {
 	// Signed and injected: the response body was replaced.
-	return driver.PassThrough200(o) && o.Marks&driver.MarkResponseBody != 0
+	return driver.PassThrough200(o) && o.Marks&extprocdriver.MarkResponseBody != 0
 }
 
-func expectConfirm(o driver.Outcome) bool {
+func expectConfirm(o extprocdriver.Outcome) bool {
 	// Acquired: the upstream got the nonce as Idempotency-Key.
-	return driver.PassThrough200(o) && o.Marks&driver.MarkIdempotencyKey != 0
+	return driver.PassThrough200(o) && o.Marks&extprocdriver.MarkIdempotencyKey != 0
 }
 
-func expectReplay(o driver.Outcome) bool {
+func expectReplay(o extprocdriver.Outcome) bool {
 	// already_completed: idemgate answers with the original 200 itself.
-	return o.Local && o.Status == 200 && o.Error == driver.ErrNone
+	return o.Local && o.Status == 200 && o.Error == extprocdriver.ErrNone
 }
 
 var scenarioDescriptions = map[string]string{
@@ -297,7 +298,7 @@ type cellSpec struct {
 	server   *child
 	idemgate *idemgateProcess // non-nil: profile it when asked
 	source   func(c int) (driver.Source, error)
-	expect   func(driver.Outcome) bool
+	expect   func(extprocdriver.Outcome) bool
 }
 
 // measure runs the cells of one server at every concurrency.
@@ -346,12 +347,12 @@ func cellFigures(res *driver.Result, profiled bool) *report.Figures {
 // runCell measures one server at concurrency c for duration (after the
 // warm-up) on fresh connections.
 func (b *bench) runCell(ctx context.Context, spec cellSpec, c int, src driver.Source, duration time.Duration) (*driver.Result, bool, error) {
-	conns, err := driver.Dial(ctx, spec.addr, b.opts.conns)
+	conns, err := extprocdriver.Dial(ctx, spec.addr, b.opts.conns)
 	if err != nil {
 		return nil, false, err
 	}
 	defer conns.Close()
-	filter := driver.EnvoyFilter()
+	filter := extprocdriver.EnvoyFilter()
 	filter.MessageTimeout = b.opts.messageTimeout
 
 	prof := b.profiler(ctx, spec, c)
@@ -372,7 +373,7 @@ func (b *bench) runCell(ctx context.Context, spec cellSpec, c int, src driver.So
 
 func figuresOf(res *driver.Result) *report.Figures {
 	type oc struct {
-		o driver.Outcome
+		o extprocdriver.Outcome
 		n uint64
 	}
 	var list []oc
@@ -607,12 +608,12 @@ func (b *bench) runReplay(ctx context.Context) error {
 // temporarily_unavailable answer (503, nothing executed, retryable) is
 // retried after a pause, as an agent would.
 func (b *bench) completeAll(ctx context.Context, addr string, items []confirmItem) (done []confirmItem, failures string, err error) {
-	conns, err := driver.Dial(ctx, addr, b.opts.conns)
+	conns, err := extprocdriver.Dial(ctx, addr, b.opts.conns)
 	if err != nil {
 		return nil, "", err
 	}
 	defer conns.Close()
-	filter := driver.EnvoyFilter()
+	filter := extprocdriver.EnvoyFilter()
 	filter.MessageTimeout = b.opts.messageTimeout
 	const workers = 4
 	var (
@@ -620,7 +621,7 @@ func (b *bench) completeAll(ctx context.Context, addr string, items []confirmIte
 		next atomic.Int64
 		ok   = make([]bool, len(items))
 		mu   sync.Mutex
-		bad  = map[driver.Outcome]int{}
+		bad  = map[extprocdriver.Outcome]int{}
 	)
 	rng := newRNGs(workers, 4)
 	for w := 0; w < workers; w++ {
@@ -630,7 +631,7 @@ func (b *bench) completeAll(ctx context.Context, addr string, items []confirmIte
 			for i := int(next.Add(1) - 1); i < len(items) && ctx.Err() == nil; i = int(next.Add(1) - 1) {
 				req := b.confirm.request(rng[w], items[i].body, items[i].subject)
 				out := filter.Do(ctx, conns.Next(), req, nil)
-				for try := 0; try < 5 && out.Local && out.Status == 503 && out.Error == driver.ErrNone; try++ {
+				for try := 0; try < 5 && out.Local && out.Status == 503 && out.Error == extprocdriver.ErrNone; try++ {
 					time.Sleep(100 * time.Millisecond)
 					out = filter.Do(ctx, conns.Next(), req, nil)
 				}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemgate/idemgate/e2e/demoauth"
 	"github.com/idemgate/idemgate/e2e/loadgen/report"
+	"github.com/idemgate/idemgate/envoy/envoytest"
 )
 
 // The columns of the through-Envoy table, in the order of the report.
@@ -55,7 +56,7 @@ type envoyBench struct {
 	prefix   string // of every Redis key this run writes there
 	db       *benchDatabase
 	upstream string // upstream address
-	children []*child
+	children []stopper
 	envoys   map[string]*envoyProcess // by column
 	idem     *idemgateProcess
 	tokens   []string // bearer JWT per subject index
@@ -171,21 +172,26 @@ func (e *envoyBench) setup(ctx context.Context) error {
 
 	// One Envoy per ext_proc target; the no-ext_proc one keeps its idemgate
 	// cluster (health-checked, never used) pointed at the no-op server.
-	idemEnvoy := envoyEdits{extProc: e.idem.grpcAddr, upstream: upAddr}
+	edits := func(extProc string, dropExtProc bool) envoytest.Edits {
+		return envoytest.Edits{
+			Clusters:    map[string]string{envoytest.IdemgateCluster: extProc, envoytest.PaymentsCluster: upAddr},
+			DropExtProc: dropExtProc,
+		}
+	}
 	for _, s := range []struct {
 		columns []string
-		edits   envoyEdits
+		edits   envoytest.Edits
 	}{
-		{[]string{evPlain}, envoyEdits{extProc: noopAddr, upstream: upAddr, dropExtProc: true}},
-		{[]string{evNoop}, envoyEdits{extProc: noopAddr, upstream: upAddr}},
-		{[]string{evIO}, envoyEdits{extProc: ioAddr, upstream: upAddr}},
-		{[]string{evPreview, evConfirm, evReplay}, idemEnvoy},
+		{[]string{evPlain}, edits(noopAddr, true)},
+		{[]string{evNoop}, edits(noopAddr, false)},
+		{[]string{evIO}, edits(ioAddr, false)},
+		{[]string{evPreview, evConfirm, evReplay}, edits(e.idem.grpcAddr, false)},
 	} {
 		p, err := startEnvoy(ctx, e.bin, e.dir, s.columns[0], s.edits)
 		if err != nil {
 			return err
 		}
-		e.children = append(e.children, p.child)
+		e.children = append(e.children, p)
 		for _, c := range s.columns {
 			e.envoys[c] = p
 		}
@@ -229,7 +235,7 @@ func (e *envoyBench) fillReplayPool(ctx context.Context) error {
 			defer wg.Done()
 			defer wk.close()
 			for i := int(next.Add(1) - 1); i < len(items) && ctx.Err() == nil; i = int(next.Add(1) - 1) {
-				labels[i] = wk.do(ctx, "http://"+e.envoys[evConfirm].listen, e.confirmRequest(items[i]))
+				labels[i] = wk.do(ctx, "http://"+e.envoys[evConfirm].ListenAddr, e.confirmRequest(items[i]))
 			}
 		}()
 	}
@@ -365,14 +371,14 @@ func (e *envoyBench) measureCell(ctx context.Context, column string, c, round in
 	if err != nil {
 		return err
 	}
-	run := httpRun{addr: e.envoys[column].listen, source: src, concurrency: c,
+	run := httpRun{addr: e.envoys[column].ListenAddr, source: src, concurrency: c,
 		warmup: o.envoyWarmup, duration: o.envoyDuration, expect: expectedLabel(column)}
 	if (column == evPreview || column == evConfirm || column == evReplay) && round == 0 {
 		prof := e.b.profiler(ctx, cellSpec{scenario: column, idemgate: e.idem}, c)
 		run.windowStarted = prof.start
 		defer prof.wait()
 	}
-	pids := [4]int{e.envoys[column].pid(), e.extProcPid[column], e.upPid, 0}
+	pids := [4]int{e.envoys[column].Pid(), e.extProcPid[column], e.upPid, 0}
 	cpu0, err := e.cpuNow(ctx, pids)
 	if err != nil {
 		return err

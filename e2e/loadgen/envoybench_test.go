@@ -11,7 +11,6 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
-	"sigs.k8s.io/yaml"
 
 	"github.com/idemgate/idemgate/fingerprint"
 )
@@ -67,34 +66,6 @@ func TestThroughEnvoyTiny(t *testing.T) {
 	keys, _, err := rdb.Scan(t.Context(), 0, "idemgate-envoybench-"+strconv.Itoa(os.Getpid())+"-*", 10000).Result()
 	require.NoError(t, err)
 	require.Empty(t, keys)
-}
-
-// TestEnvoyConfigIsTheShippedOne checks the edits: only addresses change,
-// and column (a) loses the ext_proc filter and nothing else.
-func TestEnvoyConfigIsTheShippedOne(t *testing.T) {
-	e := envoyEdits{listen: "127.0.0.1:1001", admin: "127.0.0.1:1002", extProc: "127.0.0.1:1003", upstream: "127.0.0.1:1004"}
-	with, err := renderEnvoyConfig(e)
-	require.NoError(t, err)
-	e.dropExtProc = true
-	without, err := renderEnvoyConfig(e)
-	require.NoError(t, err)
-	for _, addr := range []string{"1001", "1002", "1003", "1004"} {
-		require.Contains(t, string(with), "portValue: "+addr)
-	}
-	require.Contains(t, string(with), "envoy.filters.http.ext_proc")
-	require.Contains(t, string(with), "envoy.filters.http.jwt_authn")
-	filters := func(y []byte) []string {
-		var doc map[string]any
-		require.NoError(t, yaml.Unmarshal(y, &doc))
-		hcm := doc["staticResources"].(map[string]any)["listeners"].([]any)[0].(map[string]any)["filterChains"].([]any)[0].(map[string]any)["filters"].([]any)[0].(map[string]any)["typedConfig"].(map[string]any)
-		var names []string
-		for _, f := range hcm["httpFilters"].([]any) {
-			names = append(names, f.(map[string]any)["name"].(string))
-		}
-		return names
-	}
-	require.Equal(t, []string{"envoy.filters.http.header_mutation", "envoy.filters.http.jwt_authn", "envoy.filters.http.ext_proc", "envoy.filters.http.router"}, filters(with))
-	require.Equal(t, []string{"envoy.filters.http.header_mutation", "envoy.filters.http.jwt_authn", "envoy.filters.http.router"}, filters(without))
 }
 
 // sharedRedisOrSkip needs the machine's Redis (make services), as servicesOrSkip.

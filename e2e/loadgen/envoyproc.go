@@ -2,15 +2,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"github.com/idemgate/idemgate/envoy/envoytest"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/idemgate/idemgate/envoy"
+	"github.com/idemgate/idemgate/envoy/envoytest"
 )
 
 // findEnvoy returns the pinned Envoy's absolute path: the -envoy flag or
@@ -46,56 +46,52 @@ func findEnvoy(ctx context.Context, root, flagged string) (path, version string,
 	return strings.TrimSpace(string(out)), want, nil
 }
 
-// envoyProcess is one running Envoy and where it listens.
-type envoyProcess struct {
-	*child
-	listen, admin string
-	accessLog     string
+// stopper is a process of the through-Envoy table (a child or an Envoy):
+// checked before each cell, stopped at the end.
+type stopper interface {
+	checkAlive() error
+	stop(grace time.Duration)
 }
 
-// startEnvoy runs bin with the edited shipped bootstrap. Two worker threads
-// (the machine's cores), no hot restart (no shared memory to collide with
-// other Envoys on the machine), warnings only on stderr; the access log
-// (stdout) goes to a file. Ready means the admin's /ready says LIVE.
-func startEnvoy(ctx context.Context, bin, dir, name string, e envoyEdits) (*envoyProcess, error) {
-	for _, p := range []*string{&e.listen, &e.admin} {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		*p = fmt.Sprintf("127.0.0.1:%d", port)
+// envoyProcess is one running Envoy of the benchmark.
+type envoyProcess struct {
+	*envoytest.Envoy
+	name string
+}
+
+func (p *envoyProcess) stop(grace time.Duration) { _ = p.Stop(grace) }
+
+func (p *envoyProcess) checkAlive() error {
+	select {
+	case <-p.Done():
+		return fmt.Errorf("envoy (%s) %w (%v): %s", p.name, errNotRunning, p.Err(), p.Tail())
+	default:
+		return nil
 	}
-	cfg, err := renderEnvoyConfig(e)
+}
+
+// startEnvoy runs bin on the shipped bootstrap with e applied, the listener
+// and admin on loopback ports the kernel picks. Two worker threads (the
+// machine's cores), no hot restart, warnings only; the access log (stdout)
+// goes to the file <name>.access.log in dir.
+func startEnvoy(ctx context.Context, bin, dir, name string, e envoytest.Edits) (*envoyProcess, error) {
+	e.Listen, e.Admin = "127.0.0.1:0", "127.0.0.1:0"
+	cfg, err := envoytest.RenderBootstrap(envoy.BootstrapYAML(), e)
 	if err != nil {
 		return nil, err
 	}
-	path := filepath.Join(dir, name+".envoy.yaml")
-	if err := os.WriteFile(path, cfg, 0o600); err != nil {
-		return nil, fmt.Errorf("failed to write %s: %w", path, err)
+	accessLog, err := os.Create(filepath.Join(dir, name+".access.log"))
+	if err != nil {
+		return nil, err
 	}
-	p := &envoyProcess{listen: e.listen, admin: e.admin, accessLog: filepath.Join(dir, name+".access.log")}
-	ready := func() error {
-		c := http.Client{Timeout: time.Second}
-		resp, err := c.Get("http://" + p.admin + "/ready")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return errors.New(resp.Status)
-		}
-		return tcpProbe(p.listen)()
-	}
-	p.child, err = startChild(ctx, childSpec{
-		name:       "envoy (" + name + ")",
-		path:       bin,
-		args:       []string{"-c", path, "--concurrency", "2", "--disable-hot-restart", "--log-level", "warning"},
-		probe:      ready,
-		timeout:    60 * time.Second,
-		stdoutFile: p.accessLog,
+	// Envoy holds its own descriptor once started.
+	defer accessLog.Close()
+	p, err := envoytest.Start(ctx, envoytest.Options{
+		Bin: bin, Bootstrap: cfg, Dir: dir, Name: name,
+		Concurrency: 2, Listener: envoytest.IngressListener, Stdout: accessLog,
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("envoy (%s): %w", name, err)
 	}
-	return p, nil
+	return &envoyProcess{Envoy: p, name: name}, nil
 }

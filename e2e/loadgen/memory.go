@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemgate/idemgate/e2e/loadgen/driver"
 	"github.com/idemgate/idemgate/e2e/loadgen/report"
+	"github.com/idemgate/idemgate/internal/extprocdriver"
 )
 
 // runMemory measures idemgate's resident memory while many streams are open
@@ -56,7 +57,7 @@ func (b *bench) memoryRoute(ctx context.Context, routeName string) (report.Memor
 	// The held streams' requests, and a separate set for the warm-up.
 	var rt *route
 	var held, warm driver.Source
-	var expect func(driver.Outcome) bool
+	var expect func(extprocdriver.Outcome) bool
 	switch routeName {
 	case "preview":
 		rt, expect = b.preview, expectPreview
@@ -87,12 +88,12 @@ func (b *bench) memoryRoute(ctx context.Context, routeName string) (report.Memor
 		return m, err
 	}
 	defer p.stop(5 * time.Second)
-	conns, err := driver.Dial(ctx, p.grpcAddr, o.memConns)
+	conns, err := extprocdriver.Dial(ctx, p.grpcAddr, o.memConns)
 	if err != nil {
 		return m, err
 	}
 	defer conns.Close()
-	filter := driver.EnvoyFilter()
+	filter := extprocdriver.EnvoyFilter()
 	// A memory measurement, not a latency one: a burst of openings on a busy
 	// machine must not turn into 504s.
 	filter.MessageTimeout = max(o.messageTimeout, 5*time.Second)
@@ -112,7 +113,7 @@ func (b *bench) memoryRoute(ctx context.Context, routeName string) (report.Memor
 		settled        = make(chan struct{}, o.memStreams)
 		wg             sync.WaitGroup
 		mu             sync.Mutex
-		outcomes       = map[driver.Outcome]int{}
+		outcomes       = map[extprocdriver.Outcome]int{}
 	)
 	// At most 64 streams are being opened at any moment; a held stream no
 	// longer counts.

@@ -40,9 +40,6 @@ type childSpec struct {
 	// probe, if set, is polled until it succeeds (e.g. a TCP dial).
 	probe   func() error
 	timeout time.Duration
-	// stdoutFile, if set, receives the child's stdout instead of the tail
-	// (Envoy's access log: one line per request, not worth scanning).
-	stdoutFile string
 }
 
 // freePort returns a loopback port that was free a moment ago.
@@ -63,16 +60,8 @@ func startChild(ctx context.Context, spec childSpec) (*child, error) {
 	if err != nil {
 		return nil, fmt.Errorf("failed to pipe the stderr of %s: %w", spec.name, err)
 	}
-	var stdout io.Reader = strings.NewReader("")
-	if spec.stdoutFile != "" {
-		f, err := os.Create(spec.stdoutFile)
-		if err != nil {
-			return nil, fmt.Errorf("failed to create %s: %w", spec.stdoutFile, err)
-		}
-		// The child holds its own descriptor once started.
-		defer f.Close()
-		cmd.Stdout = f
-	} else if stdout, err = cmd.StdoutPipe(); err != nil {
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
 		return nil, fmt.Errorf("failed to pipe the stdout of %s: %w", spec.name, err)
 	}
 	c := &child{name: spec.name, cmd: cmd, done: make(chan struct{})}

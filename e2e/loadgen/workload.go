@@ -14,8 +14,9 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/idemgate/idemgate/e2e/loadgen/driver"
 	"github.com/idemgate/idemgate/fingerprint"
+
+	"github.com/idemgate/idemgate/internal/extprocdriver"
 )
 
 // The operation as the benchmark config declares it (idemgateConfig).
@@ -94,8 +95,8 @@ func subjectName(i int) string { return fmt.Sprintf("user-%04d", i%subjectCount)
 
 // request builds one stream's request. Header order follows what Envoy hands
 // over: pseudo-headers first, then the rest, x-request-id generated per request.
-func (r *route) request(rng *rand.Rand, body []byte, subject int) *driver.Request {
-	return &driver.Request{
+func (r *route) request(rng *rand.Rand, body []byte, subject int) *extprocdriver.Request {
+	return &extprocdriver.Request{
 		Headers: []*corev3.HeaderValue{
 			r.authority, r.path, r.method, r.scheme,
 			r.contentType,
@@ -161,7 +162,7 @@ func newFixedBodySource(r *route, body []byte, workers int, limit uint64) *fixed
 	return &fixedBodySource{route: r, body: body, rng: newRNGs(workers, 1), limit: limit}
 }
 
-func (s *fixedBodySource) Next(w int) *driver.Request {
+func (s *fixedBodySource) Next(w int) *extprocdriver.Request {
 	i := s.n.Add(1)
 	if s.limit > 0 && i > s.limit {
 		return nil
@@ -187,7 +188,7 @@ type poolSource struct {
 	limit uint64
 }
 
-func (s *poolSource) Next(w int) *driver.Request {
+func (s *poolSource) Next(w int) *extprocdriver.Request {
 	i := s.n.Add(1) - 1
 	if !s.cycle && i >= uint64(len(s.items)) || s.limit > 0 && i >= s.limit {
 		return nil

@@ -6,7 +6,11 @@
 // pinned Envoy binary and runs `envoy --mode validate` (binary.go), which is
 // the final word on whether Envoy accepts a config.
 //
-// The tests of envoy/ and k8s/ use it on every Envoy config we ship.
+// The tests of envoy/ and k8s/ use it on every Envoy config we ship. The e2e
+// stacks, the load benchmark and the demo run the shipped envoy/envoy.yaml
+// through it too: RenderBootstrap makes their edits (addresses, timeouts,
+// the ext_proc filter dropped) and Start runs Envoy on the result
+// (process.go).
 package envoytest
 
 import (

@@ -1,15 +1,11 @@
 package stack
 
 import (
-	"fmt"
-	"syscall"
 	"testing"
 	"time"
 
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
-	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	"google.golang.org/protobuf/encoding/protojson"
-	"sigs.k8s.io/yaml"
+	"github.com/idemgate/idemgate/envoy"
+	"github.com/idemgate/idemgate/envoy/envoytest"
 )
 
 // This file exports the pieces of a stack that a multi-replica topology
@@ -71,53 +67,17 @@ type BootstrapOptions struct {
 // (listener and admin), its idemgate and payments clusters pointed at the
 // given addresses, the stacks' ext_proc message timeout, and o applied.
 func RenderBootstrap(idemgateAddr, paymentsAddr string, o BootstrapOptions) ([]byte, error) {
-	raw, err := renderBootstrap(bootstrapEdits{
-		listenAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0",
-		clusters:            map[string]string{"idemgate": idemgateAddr, "payments": paymentsAddr},
-		confirmRouteTimeout: o.ConfirmRouteTimeout,
-		messageTimeout:      extProcMessageTimeout,
+	return envoytest.RenderBootstrap(envoy.BootstrapYAML(), envoytest.Edits{
+		Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
+		Clusters:            map[string]string{envoytest.IdemgateCluster: idemgateAddr, envoytest.PaymentsCluster: paymentsAddr},
+		ConfirmRouteTimeout: o.ConfirmRouteTimeout,
+		ConfirmRetryOn:      o.ConfirmRetryOn,
+		MessageTimeout:      extProcMessageTimeout,
 	})
-	if err != nil || o.ConfirmRetryOn == "" {
-		return raw, err
-	}
-	js, err := yaml.YAMLToJSON(raw)
-	if err != nil {
-		return nil, err
-	}
-	var bs bootstrapv3.Bootstrap
-	if err := protojson.Unmarshal(js, &bs); err != nil {
-		return nil, err
-	}
-	hcm := bs.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig()
-	if err := editHCM(hcm, func(h *hcmv3.HttpConnectionManager) error {
-		for _, vh := range h.GetRouteConfig().GetVirtualHosts() {
-			for _, r := range vh.GetRoutes() {
-				if r.GetName() == confirmRouteName && r.GetRoute().GetRetryPolicy() != nil {
-					r.GetRoute().GetRetryPolicy().RetryOn = o.ConfirmRetryOn
-					return nil
-				}
-			}
-		}
-		return fmt.Errorf("envoy.yaml has no route %q with a retry policy", confirmRouteName)
-	}); err != nil {
-		return nil, err
-	}
-	out, err := protojson.Marshal(&bs)
-	if err != nil {
-		return nil, err
-	}
-	return yaml.JSONToYAML(out)
 }
 
 // StartEnvoy runs the pinned Envoy binary on bootstrap and waits until it is
 // ready; the caller closes it.
 func StartEnvoy(t testing.TB, bin string, bootstrap []byte) (*Envoy, error) {
 	return startEnvoy(t, bin, bootstrap)
-}
-
-// Kill ends Envoy with SIGKILL (a crash: open connections are reset, nothing
-// is drained) and waits for the process to be gone.
-func (f *Envoy) Kill() {
-	_ = f.cmd.Process.Signal(syscall.SIGKILL)
-	<-f.exited
 }

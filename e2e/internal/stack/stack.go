@@ -36,6 +36,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/e2e/payments"
+	"github.com/idemgate/idemgate/envoy"
+	"github.com/idemgate/idemgate/envoy/envoytest"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testutil"
 )
@@ -161,15 +163,15 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		t.Fatalf("idemgate did not start: %v\n%s", err, g.Log())
 	}
 
-	s.Bootstrap, err = renderBootstrap(bootstrapEdits{
+	s.Bootstrap, err = envoytest.RenderBootstrap(envoy.BootstrapYAML(), envoytest.Edits{
 		// Port 0: the kernel picks, nothing can take the port between the
 		// choice and the bind (startEnvoy reads the bound ports back).
-		listenAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0",
-		clusters:            map[string]string{"idemgate": g.GRPCAddr, "payments": paymentsAddr},
-		confirmRouteTimeout: opts.ConfirmRouteTimeout,
-		messageTimeout:      cmp.Or(opts.MessageTimeout, extProcMessageTimeout),
-		confirmRetryOn:      confirmRetryOn(opts),
-		rawPaths:            opts.WithoutPathNormalisation,
+		Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
+		Clusters:            map[string]string{envoytest.IdemgateCluster: g.GRPCAddr, envoytest.PaymentsCluster: paymentsAddr},
+		ConfirmRouteTimeout: opts.ConfirmRouteTimeout,
+		MessageTimeout:      cmp.Or(opts.MessageTimeout, extProcMessageTimeout),
+		ConfirmRetryOn:      confirmRetryOn(opts),
+		RawPaths:            opts.WithoutPathNormalisation,
 	})
 	if err != nil {
 		t.Fatal(err)

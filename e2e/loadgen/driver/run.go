@@ -1,108 +1,32 @@
+// Package driver runs the ext_proc driver (internal/extprocdriver) as a
+// closed-loop load generator: workers each send one request after another
+// over a fixed set of connections, measured over a window.
 package driver
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/idemgate/idemgate/e2e/loadgen/hist"
+	"github.com/idemgate/idemgate/internal/extprocdriver"
 )
-
-// envoyWindow is Envoy's default HTTP/2 stream and connection window
-// (initial_stream_window_size / initial_connection_window_size, 256 MiB):
-// Envoy never throttles a buffered body with flow control, so neither do we.
-const envoyWindow = 256 << 20
-
-// Conns is a fixed set of HTTP/2 connections (one grpc.ClientConn each) to one
-// server; streams are spread over them round-robin.
-type Conns struct {
-	conns   []*grpc.ClientConn
-	clients []Client
-	next    atomic.Uint64
-}
-
-// Dial opens n connections to addr (host:port, loopback) and waits until
-// every one is ready.
-func Dial(ctx context.Context, addr string, n int) (*Conns, error) {
-	if n < 1 {
-		return nil, fmt.Errorf("need at least one connection, got %d", n)
-	}
-	c := &Conns{}
-	for i := 0; i < n; i++ {
-		cc, err := grpc.NewClient("passthrough:///"+addr,
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithInitialWindowSize(envoyWindow),
-			grpc.WithInitialConnWindowSize(envoyWindow),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)),
-		)
-		if err != nil {
-			c.Close()
-			return nil, fmt.Errorf("failed to create connection %d to %s: %w", i, addr, err)
-		}
-		c.conns = append(c.conns, cc)
-		c.clients = append(c.clients, extprocv3.NewExternalProcessorClient(cc))
-		cc.Connect()
-	}
-	for i, cc := range c.conns {
-		if err := waitReady(ctx, cc); err != nil {
-			c.Close()
-			return nil, fmt.Errorf("connection %d to %s: %w", i, addr, err)
-		}
-	}
-	return c, nil
-}
-
-func waitReady(ctx context.Context, cc *grpc.ClientConn) error {
-	for {
-		s := cc.GetState()
-		switch s {
-		case connectivity.Ready:
-			return nil
-		case connectivity.Idle:
-			cc.Connect()
-		}
-		if !cc.WaitForStateChange(ctx, s) {
-			return fmt.Errorf("failed to connect (last state %s): %w", s, ctx.Err())
-		}
-	}
-}
-
-// Next returns the client for the next stream (round-robin).
-func (c *Conns) Next() Client {
-	return c.clients[(c.next.Add(1)-1)%uint64(len(c.clients))]
-}
-
-// Len is the number of connections.
-func (c *Conns) Len() int { return len(c.conns) }
-
-// Close closes every connection.
-func (c *Conns) Close() {
-	for _, cc := range c.conns {
-		_ = cc.Close()
-	}
-}
 
 // Source hands out the requests of a run. It is called concurrently.
 type Source interface {
 	// Next returns the request for the next stream of worker w, or nil when
 	// the source is exhausted (the run then ends early).
-	Next(w int) *Request
+	Next(w int) *extprocdriver.Request
 }
 
 // Run is one closed-loop measurement: Concurrency workers each run one
 // request after another, spread over the connections.
 type Run struct {
-	Conns       *Conns
-	Filter      Filter
+	Conns       *extprocdriver.Conns
+	Filter      extprocdriver.Filter
 	Source      Source
 	Concurrency int
 	// Warmup runs before the measured window; nothing in it is recorded.
@@ -111,7 +35,7 @@ type Run struct {
 	// Expect says whether an outcome is what the scenario should produce;
 	// everything else is counted as unexpected. Nil expects a pass-through
 	// 200 with no error.
-	Expect func(Outcome) bool
+	Expect func(extprocdriver.Outcome) bool
 	// WindowStarted, if set, is called when the measured window opens.
 	WindowStarted func()
 }
@@ -126,7 +50,7 @@ type Result struct {
 	Elapsed time.Duration
 	Latency *hist.Histogram
 	// Outcomes counts every recorded request by outcome.
-	Outcomes   map[Outcome]uint64
+	Outcomes   map[extprocdriver.Outcome]uint64
 	Unexpected uint64
 	// Exhausted: the source ran out inside the window.
 	Exhausted bool
@@ -145,13 +69,13 @@ var ErrExhaustedInWarmup = errors.New("the request source ran out during the war
 
 // PassThrough200 is the default expectation: the request reached the
 // upstream and its 200 went to the client.
-func PassThrough200(o Outcome) bool {
-	return o.Status == 200 && !o.Local && o.Error == ErrNone
+func PassThrough200(o extprocdriver.Outcome) bool {
+	return o.Status == 200 && !o.Local && o.Error == extprocdriver.ErrNone
 }
 
 type worker struct {
 	latency  *hist.Histogram
-	outcomes map[Outcome]uint64
+	outcomes map[extprocdriver.Outcome]uint64
 	last     time.Time // completion of the last recorded request
 }
 
@@ -178,7 +102,7 @@ func (r Run) Execute(ctx context.Context) (*Result, error) {
 	)
 	workers := make([]*worker, r.Concurrency)
 	for i := range workers {
-		w := &worker{latency: hist.New(), outcomes: map[Outcome]uint64{}}
+		w := &worker{latency: hist.New(), outcomes: map[extprocdriver.Outcome]uint64{}}
 		workers[i] = w
 		wg.Add(1)
 		go func() {
@@ -194,7 +118,7 @@ func (r Run) Execute(ctx context.Context) (*Result, error) {
 				t0 := time.Now()
 				out := r.Filter.Do(ctx, r.Conns.Next(), req, nil)
 				t1 := time.Now()
-				if out.Error == ErrCanceled && ctx.Err() != nil {
+				if out.Error == extprocdriver.ErrCanceled && ctx.Err() != nil {
 					return
 				}
 				if !t1.Before(windowEnd) {
@@ -241,7 +165,7 @@ func (r Run) Execute(ctx context.Context) (*Result, error) {
 		Concurrency: r.Concurrency,
 		Conns:       r.Conns.Len(),
 		Latency:     hist.New(),
-		Outcomes:    map[Outcome]uint64{},
+		Outcomes:    map[extprocdriver.Outcome]uint64{},
 		Elapsed:     r.Duration,
 	}
 	var last time.Time

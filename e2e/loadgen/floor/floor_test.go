@@ -12,11 +12,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 
-	"github.com/idemgate/idemgate/e2e/loadgen/driver"
 	"github.com/idemgate/idemgate/internal/testutil"
+
+	"github.com/idemgate/idemgate/internal/extprocdriver"
 )
 
-func serve(t *testing.T, srv extprocv3.ExternalProcessorServer) *driver.Conns {
+func serve(t *testing.T, srv extprocv3.ExternalProcessorServer) *extprocdriver.Conns {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -24,7 +25,7 @@ func serve(t *testing.T, srv extprocv3.ExternalProcessorServer) *driver.Conns {
 	extprocv3.RegisterExternalProcessorServer(gs, srv)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
-	conns, err := driver.Dial(t.Context(), lis.Addr().String(), 1)
+	conns, err := extprocdriver.Dial(t.Context(), lis.Addr().String(), 1)
 	require.NoError(t, err)
 	t.Cleanup(conns.Close)
 	return conns
@@ -32,8 +33,8 @@ func serve(t *testing.T, srv extprocv3.ExternalProcessorServer) *driver.Conns {
 
 func hv(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
 
-func confirmRequest() *driver.Request {
-	return &driver.Request{
+func confirmRequest() *extprocdriver.Request {
+	return &extprocdriver.Request{
 		Headers: []*corev3.HeaderValue{
 			hv(":authority", "payments.local"), hv(":path", "/v1/transfers/confirm"), hv(":method", "POST"),
 			hv(":scheme", "http"), hv("content-type", "application/json"), hv("content-length", "2"),
@@ -48,7 +49,7 @@ func confirmRequest() *driver.Request {
 func TestNoopContinuesEveryPhase(t *testing.T) {
 	conns := serve(t, Noop{})
 	for i := 0; i < 3; i++ {
-		require.Equal(t, driver.Outcome{Status: 200}, driver.EnvoyFilter().Do(t.Context(), conns.Next(), confirmRequest(), nil))
+		require.Equal(t, extprocdriver.Outcome{Status: 200}, extprocdriver.EnvoyFilter().Do(t.Context(), conns.Next(), confirmRequest(), nil))
 	}
 }
 
@@ -68,7 +69,7 @@ func TestIOFloorMakesExactlyTheConfirmRoundTrips(t *testing.T) {
 
 	const n = 25
 	for i := 0; i < n; i++ {
-		require.Equal(t, driver.Outcome{Status: 200}, driver.EnvoyFilter().Do(t.Context(), conns.Next(), confirmRequest(), nil))
+		require.Equal(t, extprocdriver.Outcome{Status: 200}, extprocdriver.EnvoyFilter().Do(t.Context(), conns.Next(), confirmRequest(), nil))
 	}
 
 	var rows, done int

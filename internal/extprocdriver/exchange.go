@@ -1,28 +1,36 @@
-// Package driver plays Envoy's HTTP ext_proc filter against an
-// ExternalProcessor server, as configured in envoy/envoy.yaml (headers SEND,
-// both bodies BUFFERED, trailers SKIP, allow_mode_override, message_timeout
-// 1s), and runs it as a closed-loop load generator.
+// Package extprocdriver plays Envoy's side of the ext_proc protocol: it
+// drives any ExternalProcessor server, over a gRPC connection or in-process,
+// the way Envoy's HTTP ext_proc filter does as envoy/envoy.yaml configures
+// it (headers SEND, both bodies BUFFERED, trailers SKIP, allow_mode_override,
+// message_timeout 1s). The extproc tests, the ext_proc-level load benchmark
+// (e2e/loadgen) and anything else that speaks the protocol in-process share
+// it; it imports nothing of idemgate.
 //
-// One simulated HTTP request is one gRPC Process stream: request_headers
-// (with protocol_config) → reply → request_body (the whole buffered body,
-// end_of_stream true) → reply → response_headers → reply → response_body →
-// reply, metadata_context on every message, each message sent only after the
-// previous reply arrived. What the server answers is honoured the way Envoy
-// honours it (sections 4–8 of shared/reference/envoy-ext-proc-behaviour.md):
-// an ImmediateResponse ends the request with its status; a mode_override in
-// a headers reply changes the phases still to come; CONTINUE_AND_REPLACE
-// ends that direction's body; a body replacement whose content-length does
-// not match is a 500; a reply of the wrong kind is a 500; no reply within
-// the message timeout is a 504; the server closing the stream with OK lets
-// the request continue unmodified. The stream is then closed as Envoy closes
-// it: half-close, immediately followed by a reset (cancel).
+// One simulated HTTP request is one Process stream: request_headers (with
+// protocol_config) → reply → request_body (the whole buffered body,
+// end_of_stream true) → reply → [the upstream] → response_headers → reply →
+// response_body → reply, metadata_context on every message, each message
+// sent only after the previous reply arrived. What the server answers is
+// honoured the way Envoy honours it (sections 4–8 of
+// shared/reference/envoy-ext-proc-behaviour.md): an ImmediateResponse ends
+// the request with its status; a mode_override in a headers reply changes
+// the phases still to come; CONTINUE_AND_REPLACE ends that direction's body;
+// a body replacement whose content-length does not match is a 500; a reply
+// of the wrong kind is a 500; no reply within the message timeout is a 504;
+// the server closing the stream with OK lets the request continue
+// unmodified. The stream is then closed as Envoy closes it: half-close,
+// immediately followed by a reset (cancel).
+//
+// Do reports only an Outcome (cheap enough for a load generator); Trace also
+// applies every mutation and reports what the upstream and the client saw
+// (a View), calling an Upstream in between.
 //
 // Deliberately not modelled (our configuration never produces them): trailers,
 // STREAMED chunking (any non-NONE body mode sends the whole body in one
 // message, which is what Envoy does when the body is complete before the
 // headers reply), observability mode, attributes, dynamic_metadata,
 // route-cache clearing and the header-mutation checker's bans.
-package driver
+package extprocdriver
 
 import (
 	"context"
@@ -143,6 +151,12 @@ const (
 	// MarkClosedEarly: the server closed the stream with OK while a reply
 	// was outstanding; Envoy continued the request without it.
 	MarkClosedEarly
+	// MarkValueField: a header was set through value instead of raw_value
+	// (Envoy's ext_proc reads raw_value; the header arrives empty).
+	MarkValueField
+	// MarkIgnoredOverride: a body reply carried a mode_override, which Envoy
+	// ignores.
+	MarkIgnoredOverride
 )
 
 // Outcome is what one request ended with. It is comparable, so runs count
@@ -174,7 +188,8 @@ func (o Outcome) String() string {
 	return s
 }
 
-// Client is the ExternalProcessor client one stream is opened on.
+// Client is the ExternalProcessor client one stream is opened on: a gRPC
+// connection's (extprocv3.NewExternalProcessorClient) or InProcess's.
 type Client = extprocv3.ExternalProcessorClient
 
 // Hold, when given to Do, is called once the request phase is complete (the
@@ -182,10 +197,68 @@ type Client = extprocv3.ExternalProcessorClient
 // stays open until it returns. A non-nil error abandons the request.
 type Hold func(ctx context.Context) error
 
+// Response is an upstream's answer.
+type Response struct {
+	Status int
+	// Headers are the response headers as Envoy hands them to ext_proc
+	// (:status included).
+	Headers []*corev3.HeaderValue
+	Body    []byte
+	// Reset: the upstream timed out or reset the stream. Envoy answers the
+	// client itself (504) and tears the ext_proc stream down; Envoy's local
+	// reply never reaches ext_proc.
+	Reset bool
+}
+
+// Upstream, when given to Trace, is the upstream: it is called once the
+// request phase is complete, with the request headers (lower-case keys,
+// pseudo-headers included) and body as the server's mutations left them, and
+// its answer replaces the Request's.
+type Upstream func(headers map[string]string, body []byte) Response
+
+// View is what Trace saw: what reached the upstream and what the client
+// received, every mutation applied the way Envoy applies it (removes first,
+// then sets; append joins with a comma).
+type View struct {
+	// Immediate is the ImmediateResponse that ended the request, if any.
+	Immediate *extprocv3.ImmediateResponse
+	// UpstreamCalled: the request reached the upstream, with UpstreamHeaders
+	// and UpstreamBody (when it did not, they are the request as the
+	// server's mutations had left it).
+	UpstreamCalled  bool
+	UpstreamHeaders map[string]string
+	UpstreamBody    []byte
+	// Status, Headers and Body are what the client received (Headers
+	// includes :status unless the reply was local).
+	Status  int
+	Headers map[string]string
+	Body    []byte
+	// Replies counts the server's replies (override_message_timeout ones
+	// not included).
+	Replies int
+}
+
 var errMessageTimeout = errors.New("ext_proc message timeout")
 
-// Do runs one HTTP request through the server on its own stream.
+// Do runs one HTTP request through the server on its own stream and reports
+// only its outcome.
 func (f Filter) Do(ctx context.Context, c Client, req *Request, hold Hold) Outcome {
+	return f.exchange(ctx, c, req, hold, nil, nil)
+}
+
+// Trace runs one HTTP request through the server on its own stream, calling
+// up (nil: the Request's fixed response) for the upstream's answer, and
+// reports what the upstream and the client saw.
+func (f Filter) Trace(ctx context.Context, c Client, req *Request, up Upstream) (Outcome, *View) {
+	v := &View{}
+	out := f.exchange(ctx, c, req, nil, up, v)
+	if v.Immediate == nil {
+		v.Status = out.Status
+	}
+	return out, v
+}
+
+func (f Filter) exchange(ctx context.Context, c Client, req *Request, hold Hold, up Upstream, v *View) Outcome {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	timeout := f.MessageTimeout
@@ -222,10 +295,15 @@ func (f Filter) Do(ctx context.Context, c Client, req *Request, hold Hold) Outco
 		respHead: f.Mode.GetResponseHeaderMode(),
 		respBody: f.Mode.GetResponseBodyMode(),
 		reqLen:   headerValue(req.Headers, "content-length"),
-		respLen:  headerValue(req.ResponseHeaders, "content-length"),
 		req:      req,
+		view:     v,
+		resp:     Response{Status: req.UpstreamStatus, Headers: req.ResponseHeaders, Body: req.ResponseBody},
 	}
-	return ex.run(hold)
+	if v != nil {
+		v.UpstreamHeaders = headerMap(req.Headers)
+		v.UpstreamBody = req.Body
+	}
+	return ex.run(hold, up)
 }
 
 var emptyMetadata = &corev3.Metadata{}
@@ -247,7 +325,9 @@ type exchange struct {
 	md      *corev3.Metadata
 	filter  *Filter
 	req     *Request
-	sent    bool // a message went out (protocol_config only on the first)
+	resp    Response // the upstream's answer
+	sent    bool     // a message went out (protocol_config only on the first)
+	gone    bool     // the server closed the stream with OK
 
 	// Effective modes (after any mode_override). Request headers are always
 	// sent in our configuration.
@@ -259,9 +339,10 @@ type exchange struct {
 	reqLen, respLen string
 
 	marks Marks
+	view  *View // nil: Do, nothing recorded
 }
 
-func (ex *exchange) run(hold Hold) Outcome {
+func (ex *exchange) run(hold Hold, up Upstream) Outcome {
 	req := ex.req
 	reqEOS := len(req.Body) == 0
 	if out, done := ex.step(dirRequest, true, &extprocv3.ProcessingRequest{
@@ -287,11 +368,23 @@ func (ex *exchange) run(hold Hold) Outcome {
 			return Outcome{Status: 500, Local: true, Error: ErrCanceled, Marks: ex.marks}
 		}
 	}
-	respEOS := len(req.ResponseBody) == 0
+	if v := ex.view; v != nil {
+		v.UpstreamCalled = true
+		if up != nil {
+			ex.resp = up(v.UpstreamHeaders, v.UpstreamBody)
+		}
+		if ex.resp.Reset {
+			return Outcome{Status: 504, Local: true, Marks: ex.marks}
+		}
+		v.Headers = headerMap(ex.resp.Headers)
+		v.Body = ex.resp.Body
+	}
+	ex.respLen = headerValue(ex.resp.Headers, "content-length")
+	respEOS := len(ex.resp.Body) == 0
 	if ex.respHead != filterv3.ProcessingMode_SKIP {
 		if out, done := ex.step(dirResponse, true, &extprocv3.ProcessingRequest{
 			Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
-				Headers:     &corev3.HeaderMap{Headers: req.ResponseHeaders},
+				Headers:     &corev3.HeaderMap{Headers: ex.resp.Headers},
 				EndOfStream: respEOS,
 			}},
 		}); done {
@@ -301,7 +394,7 @@ func (ex *exchange) run(hold Hold) Outcome {
 	if !respEOS && ex.respBody != filterv3.ProcessingMode_NONE {
 		if out, done := ex.step(dirResponse, false, &extprocv3.ProcessingRequest{
 			Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
-				Body: req.ResponseBody, EndOfStream: true,
+				Body: ex.resp.Body, EndOfStream: true,
 			}},
 		}); done {
 			return out
@@ -313,12 +406,15 @@ func (ex *exchange) run(hold Hold) Outcome {
 // upstream is the outcome of a request that reached the upstream and whose
 // response went to the client.
 func (ex *exchange) upstream() Outcome {
-	return Outcome{Status: ex.req.UpstreamStatus, Marks: ex.marks}
+	return Outcome{Status: ex.resp.Status, Marks: ex.marks}
 }
 
 // step sends one message, waits for its reply and applies it. done reports
 // that the request ended (out says how).
 func (ex *exchange) step(dir direction, headers bool, msg *extprocv3.ProcessingRequest) (out Outcome, done bool) {
+	if ex.gone {
+		return Outcome{}, false
+	}
 	msg.MetadataContext = ex.md
 	if !ex.sent {
 		msg.ProtocolConfig = protocolConfig(ex.reqBody, ex.respBody)
@@ -331,9 +427,16 @@ func (ex *exchange) step(dir direction, headers bool, msg *extprocv3.ProcessingR
 		if errors.Is(err, io.EOF) {
 			// Stream closed with OK: Envoy proceeds without the server.
 			ex.marks |= MarkClosedEarly
-			return ex.upstream(), true
+			ex.gone = true
+			if ex.view == nil {
+				return ex.upstream(), true
+			}
+			return Outcome{}, false
 		}
 		return failed(ex.ctx, err), true
+	}
+	if ex.view != nil {
+		ex.view.Replies++
 	}
 	return ex.apply(dir, headers, resp)
 }
@@ -381,6 +484,14 @@ func (ex *exchange) apply(dir direction, headers bool, resp *extprocv3.Processin
 		}
 		// Envoy only logs a failed header mutation of a local reply; the
 		// reply goes out regardless.
+		ex.checkValueFields(r.ImmediateResponse.GetHeaders())
+		if v := ex.view; v != nil {
+			v.Immediate = r.ImmediateResponse
+			v.Status = code
+			v.Headers = map[string]string{}
+			applyHeaders(v.Headers, r.ImmediateResponse.GetHeaders())
+			v.Body = r.ImmediateResponse.GetBody()
+		}
 		return Outcome{Status: code, Local: true, Marks: ex.marks}, true
 	case *extprocv3.ProcessingResponse_RequestHeaders:
 		if dir != dirRequest || !headers {
@@ -413,14 +524,18 @@ func (ex *exchange) apply(dir direction, headers bool, resp *extprocv3.Processin
 		if common.GetStatus() == extprocv3.CommonResponse_CONTINUE_AND_REPLACE {
 			// The body (replaced or not) is no longer sent to the server.
 			ex.setBodyMode(dir, filterv3.ProcessingMode_NONE)
-			if common.GetBodyMutation() != nil {
+			if bm := common.GetBodyMutation(); bm != nil {
 				ex.mark(dir, MarkRequestBody, MarkResponseBody)
+				ex.setBody(dir, bm.GetBody())
 			}
 		}
 		if mo := resp.GetModeOverride(); mo != nil && ex.filter.AllowModeOverride {
 			ex.override(mo)
 		}
 		return Outcome{}, false
+	}
+	if resp.GetModeOverride() != nil {
+		ex.marks |= MarkIgnoredOverride
 	}
 	if bm := common.GetBodyMutation(); bm != nil {
 		n := 0
@@ -433,6 +548,7 @@ func (ex *exchange) apply(dir direction, headers bool, resp *extprocv3.Processin
 			return spurious(ex.marks), true
 		}
 		ex.mark(dir, MarkRequestBody, MarkResponseBody)
+		ex.setBody(dir, bm.GetBody())
 		if cl := ex.contentLength(dir); cl != "" && cl != strconv.Itoa(n) {
 			return Outcome{Status: 500, Local: true, Error: ErrContentLength, Marks: ex.marks}, true
 		}
@@ -460,6 +576,18 @@ func (ex *exchange) setBodyMode(dir direction, m filterv3.ProcessingMode_BodySen
 	}
 }
 
+// setBody records a body replacement in the view.
+func (ex *exchange) setBody(dir direction, b []byte) {
+	if ex.view == nil {
+		return
+	}
+	if dir == dirRequest {
+		ex.view.UpstreamBody = b
+	} else {
+		ex.view.Body = b
+	}
+}
+
 func (ex *exchange) contentLength(dir direction) string {
 	if dir == dirRequest {
 		return ex.reqLen
@@ -480,6 +608,14 @@ func (ex *exchange) mutateHeaders(dir direction, hm *extprocv3.HeaderMutation) E
 		return ErrNone
 	}
 	ex.mark(dir, MarkRequestHeaders, MarkResponseHeaders)
+	ex.checkValueFields(hm)
+	if v := ex.view; v != nil {
+		if dir == dirRequest {
+			applyHeaders(v.UpstreamHeaders, hm)
+		} else {
+			applyHeaders(v.Headers, hm)
+		}
+	}
 	cl := &ex.reqLen
 	if dir == dirResponse {
 		cl = &ex.respLen
@@ -517,6 +653,42 @@ func checkSetHeaders(hm *extprocv3.HeaderMutation) bool {
 		}
 	}
 	return false
+}
+
+// checkValueFields marks a header set through value instead of raw_value.
+func (ex *exchange) checkValueFields(hm *extprocv3.HeaderMutation) {
+	for _, o := range hm.GetSetHeaders() {
+		if o.GetHeader().GetValue() != "" {
+			ex.marks |= MarkValueField
+		}
+	}
+}
+
+// applyHeaders applies a header mutation to hs as Envoy does: removes
+// first, then sets, raw_value only, append unset = overwrite.
+func applyHeaders(hs map[string]string, hm *extprocv3.HeaderMutation) {
+	for _, r := range hm.GetRemoveHeaders() {
+		delete(hs, r)
+	}
+	for _, o := range hm.GetSetHeaders() {
+		k := o.GetHeader().GetKey()
+		v := string(o.GetHeader().GetRawValue())
+		//lint:ignore SA1019 the append flag is what idemgate sets (extproc's replies)
+		if o.GetAppend().GetValue() && hs[k] != "" {
+			hs[k] = hs[k] + "," + v
+			continue
+		}
+		hs[k] = v
+	}
+}
+
+// headerMap is hs as a map (raw values).
+func headerMap(hs []*corev3.HeaderValue) map[string]string {
+	m := make(map[string]string, len(hs))
+	for _, h := range hs {
+		m[h.GetKey()] = string(h.GetRawValue())
+	}
+	return m
 }
 
 // override applies a mode_override as Envoy merges it (since 1.34): header

@@ -1,7 +1,9 @@
-package driver
+package extprocdriver
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
 	"sync"
 	"testing"
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // seen is what the fake server observed about one message.
@@ -115,9 +118,13 @@ func (s *scriptedServer) kinds() [][]string {
 	return out
 }
 
+func newScripted(script func(i int, req *extprocv3.ProcessingRequest) action) *scriptedServer {
+	return &scriptedServer{script: script, peers: map[string]bool{}, ended: make(chan error, 1)}
+}
+
 func startScripted(t *testing.T, script func(i int, req *extprocv3.ProcessingRequest) action) (*scriptedServer, string) {
 	t.Helper()
-	srv := &scriptedServer{script: script, peers: map[string]bool{}, ended: make(chan error, 1)}
+	srv := newScripted(script)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	gs := grpc.NewServer()
@@ -345,20 +352,37 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 			wantMsg: allFour[:2],
 		},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			srv, addr := startScripted(t, tc.script)
-			conns, err := Dial(t.Context(), addr, 1)
-			require.NoError(t, err)
-			defer conns.Close()
-			f := EnvoyFilter()
-			if tc.filter != nil {
-				tc.filter(&f)
-			}
-			got := f.Do(t.Context(), conns.Next(), testRequest(), nil)
-			require.Equal(t, tc.want, got)
-			require.Eventually(t, func() bool { return len(srv.kinds()) == 1 }, 5*time.Second, 5*time.Millisecond)
-			require.Equal(t, tc.wantMsg, srv.kinds()[0])
-		})
+		for _, transport := range []string{"grpc", "in-process"} {
+			t.Run(transport+"/"+tc.name, func(t *testing.T) {
+				var (
+					srv *scriptedServer
+					c   Client
+				)
+				if transport == "grpc" {
+					var addr string
+					srv, addr = startScripted(t, tc.script)
+					conns, err := Dial(t.Context(), addr, 1)
+					require.NoError(t, err)
+					defer conns.Close()
+					c = conns.Next()
+				} else {
+					srv = newScripted(tc.script)
+					c = &InProcess{Server: srv}
+				}
+				f := EnvoyFilter()
+				if tc.filter != nil {
+					tc.filter(&f)
+				}
+				got := f.Do(t.Context(), c, testRequest(), nil)
+				require.Equal(t, tc.want, got)
+				require.Eventually(t, func() bool { return len(srv.kinds()) == 1 }, 5*time.Second, 5*time.Millisecond)
+				require.Equal(t, tc.wantMsg, srv.kinds()[0])
+				// Trace ends the same way.
+				gotTraced, v := f.Trace(t.Context(), c, testRequest(), nil)
+				require.Equal(t, tc.want, gotTraced)
+				require.Equal(t, tc.want.Status, v.Status)
+			})
+		}
 	}
 }
 
@@ -455,90 +479,6 @@ func TestHoldKeepsTheStreamOpenBeforeTheResponsePhase(t *testing.T) {
 	require.Equal(t, allFour, srv.kinds()[0])
 }
 
-type fixedSource struct{ req *Request }
-
-func (s fixedSource) Next(int) *Request { return s.req }
-
-type countedSource struct {
-	mu   sync.Mutex
-	left int
-	req  *Request
-}
-
-func (s *countedSource) Next(int) *Request {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.left == 0 {
-		return nil
-	}
-	s.left--
-	return s.req
-}
-
-func TestRunMeasuresAWindowOverSeveralConnections(t *testing.T) {
-	srv, addr := startScripted(t, func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: continueReply(req)} })
-	conns, err := Dial(t.Context(), addr, 3)
-	require.NoError(t, err)
-	defer conns.Close()
-	started := make(chan struct{})
-	res, err := Run{
-		Conns: conns, Filter: EnvoyFilter(), Source: fixedSource{testRequest()},
-		Concurrency: 4, Warmup: 100 * time.Millisecond, Duration: 300 * time.Millisecond,
-		WindowStarted: func() { close(started) },
-	}.Execute(t.Context())
-	require.NoError(t, err)
-	<-started
-	require.Positive(t, res.Requests)
-	require.Zero(t, res.Unexpected)
-	require.Equal(t, map[Outcome]uint64{{Status: 200}: res.Requests}, res.Outcomes)
-	require.Equal(t, res.Requests, res.Latency.Count())
-	require.Equal(t, 300*time.Millisecond, res.Elapsed)
-	require.False(t, res.Exhausted)
-	require.InDelta(t, float64(res.Requests)/0.3, res.RPS(), 0.001)
-	srv.mu.Lock()
-	require.Len(t, srv.peers, 3, "streams were spread over three connections")
-	srv.mu.Unlock()
-}
-
-func TestRunEndsEarlyWhenTheSourceRunsOut(t *testing.T) {
-	_, addr := startScripted(t, func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: continueReply(req)} })
-	conns, err := Dial(t.Context(), addr, 1)
-	require.NoError(t, err)
-	defer conns.Close()
-
-	_, err = Run{Conns: conns, Filter: EnvoyFilter(), Source: &countedSource{left: 0, req: testRequest()},
-		Concurrency: 2, Warmup: 50 * time.Millisecond, Duration: time.Second}.Execute(t.Context())
-	require.ErrorIs(t, err, ErrExhaustedInWarmup)
-
-	res, err := Run{Conns: conns, Filter: EnvoyFilter(), Source: &countedSource{left: 200, req: testRequest()},
-		Concurrency: 2, Duration: 10 * time.Second}.Execute(t.Context())
-	require.NoError(t, err)
-	require.True(t, res.Exhausted)
-	require.Equal(t, uint64(200), res.Requests)
-	require.Less(t, res.Elapsed, 10*time.Second)
-}
-
-func TestRunCountsUnexpectedOutcomes(t *testing.T) {
-	_, addr := startScripted(t, func(i int, req *extprocv3.ProcessingRequest) action {
-		if i == 1 {
-			return action{reply: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
-				ImmediateResponse: &extprocv3.ImmediateResponse{Status: &typev3.HttpStatus{Code: typev3.StatusCode_Conflict}},
-			}}}
-		}
-		return action{reply: continueReply(req)}
-	})
-	conns, err := Dial(t.Context(), addr, 1)
-	require.NoError(t, err)
-	defer conns.Close()
-	res, err := Run{Conns: conns, Filter: EnvoyFilter(), Source: fixedSource{testRequest()},
-		Concurrency: 2, Duration: 200 * time.Millisecond}.Execute(t.Context())
-	require.NoError(t, err)
-	require.Positive(t, res.Requests)
-	require.Equal(t, res.Requests, res.Unexpected)
-	require.Equal(t, "local 409", Outcome{Status: 409, Local: true}.String())
-	require.Equal(t, map[Outcome]uint64{{Status: 409, Local: true}: res.Requests}, res.Outcomes)
-}
-
 func TestOutcomeString(t *testing.T) {
 	for _, tc := range []struct {
 		o    Outcome
@@ -594,4 +534,132 @@ func (continueServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) 
 			return nil
 		}
 	}
+}
+
+func TestTraceReportsWhatTheUpstreamAndTheClientSee(t *testing.T) {
+	replaced := []byte(`{"quote_id":"q1","fingerprint":"abc"}`)
+	srv := newScripted(func(i int, req *extprocv3.ProcessingRequest) action {
+		r := continueReply(req)
+		switch i {
+		case 1:
+			hm := setHeaders("idempotency-key", "00ff")
+			hm.RemoveHeaders = []string{"content-type"}
+			r.GetRequestBody().Response = &extprocv3.CommonResponse{
+				HeaderMutation: hm,
+				BodyMutation:   &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: []byte(`{"amount":"12.50","currency":"EUR"}`)}},
+			}
+		case 2:
+			hm := setHeaders("x-b", "2")
+			//lint:ignore SA1019 Envoy still honours append, which idemgate sets
+			hm.SetHeaders[0].Append = wrapperspb.Bool(true)
+			r.GetResponseHeaders().Response = &extprocv3.CommonResponse{HeaderMutation: hm}
+		case 3:
+			r.GetResponseBody().Response = &extprocv3.CommonResponse{
+				HeaderMutation: setHeaders("content-length", "37"),
+				BodyMutation:   &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: replaced}},
+			}
+		}
+		return action{reply: r}
+	})
+	var upstreamSaw map[string]string
+	out, v := EnvoyFilter().Trace(t.Context(), &InProcess{Server: srv}, testRequest(), func(h map[string]string, body []byte) Response {
+		upstreamSaw = h
+		return Response{Status: 201, Headers: []*corev3.HeaderValue{hv(":status", "201"), hv("x-b", "1"), hv("content-length", "17")}, Body: []byte(`{"quote_id":"q1"}`)}
+	})
+	require.Equal(t, Outcome{Status: 201, Marks: MarkRequestHeaders | MarkIdempotencyKey | MarkRequestBody | MarkResponseHeaders | MarkResponseBody}, out)
+	require.True(t, v.UpstreamCalled)
+	require.Equal(t, "00ff", upstreamSaw["idempotency-key"])
+	require.NotContains(t, upstreamSaw, "content-type", "removed")
+	require.Equal(t, upstreamSaw, v.UpstreamHeaders)
+	require.Equal(t, 201, v.Status)
+	require.Equal(t, "1,2", v.Headers["x-b"], "append joins")
+	require.Equal(t, "37", v.Headers["content-length"])
+	require.Equal(t, replaced, v.Body)
+	require.Equal(t, 4, v.Replies)
+	require.Nil(t, v.Immediate)
+}
+
+func TestTraceImmediateResponseResetAndMarks(t *testing.T) {
+	im := &extprocv3.ImmediateResponse{
+		Status:  &typev3.HttpStatus{Code: typev3.StatusCode_Conflict},
+		Headers: setHeaders("content-type", "application/json"),
+		Body:    []byte(`{"status":"in_progress"}`),
+	}
+	srv := newScripted(func(i int, req *extprocv3.ProcessingRequest) action {
+		if i == 1 {
+			return action{reply: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: im}}}
+		}
+		return action{reply: continueReply(req)}
+	})
+	out, v := EnvoyFilter().Trace(t.Context(), &InProcess{Server: srv}, testRequest(), func(map[string]string, []byte) Response {
+		t.Fatal("the upstream must not be called")
+		return Response{}
+	})
+	require.Equal(t, Outcome{Status: 409, Local: true}, out)
+	require.False(t, v.UpstreamCalled)
+	require.Equal(t, 409, v.Status)
+	require.Equal(t, map[string]string{"content-type": "application/json"}, v.Headers)
+	require.Equal(t, im.GetBody(), v.Body)
+	require.Equal(t, 2, v.Replies)
+
+	// An upstream reset: Envoy's own 504, no response phase.
+	cont := newScripted(func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: continueReply(req)} })
+	out, v = EnvoyFilter().Trace(t.Context(), &InProcess{Server: cont}, testRequest(), func(map[string]string, []byte) Response {
+		return Response{Reset: true}
+	})
+	require.Equal(t, Outcome{Status: 504, Local: true}, out)
+	require.True(t, v.UpstreamCalled)
+	require.Equal(t, 504, v.Status)
+	require.Equal(t, 2, v.Replies)
+
+	// A header set through value and a mode_override in a body reply are
+	// marked (Envoy reads raw_value only, and ignores the override).
+	odd := newScripted(func(i int, req *extprocv3.ProcessingRequest) action {
+		r := continueReply(req)
+		if i == 1 {
+			r.GetRequestBody().Response = &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
+				SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x-a", Value: "v"}}},
+			}}
+			r.ModeOverride = &filterv3.ProcessingMode{ResponseBodyMode: filterv3.ProcessingMode_NONE}
+		}
+		return action{reply: r}
+	})
+	out, _ = EnvoyFilter().Trace(t.Context(), &InProcess{Server: odd}, testRequest(), nil)
+	require.Equal(t, Outcome{Status: 200, Marks: MarkRequestHeaders | MarkValueField | MarkIgnoredOverride}, out)
+}
+
+func TestInProcessStream(t *testing.T) {
+	srv := newScripted(func(i int, req *extprocv3.ProcessingRequest) action {
+		if i == 1 {
+			return action{err: status.Error(codes.Unavailable, "down")}
+		}
+		return action{reply: continueReply(req)}
+	})
+	s := (&InProcess{Server: srv}).Open(t.Context())
+	defer s.Close()
+	require.NoError(t, s.Send(testRequestHeaders()))
+	resp, err := s.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, resp.GetRequestHeaders())
+	require.Equal(t, 1, s.Received())
+	require.NoError(t, s.Send(testRequestHeaders()))
+	_, err = s.Recv()
+	require.Equal(t, codes.Unavailable, status.Code(err))
+	<-s.Done()
+	require.Equal(t, codes.Unavailable, status.Code(s.Err()))
+
+	// A failing transport: the server's Send fails, Process returns it.
+	broken := errors.New("transport is closing")
+	s = (&InProcess{Server: newScripted(func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: continueReply(req)} })}).Open(t.Context())
+	defer s.Close()
+	s.FailSends(broken)
+	require.NoError(t, s.Send(testRequestHeaders()))
+	_, err = s.Recv()
+	require.ErrorIs(t, err, io.EOF, "the scripted server ends with OK when its Send fails")
+}
+
+func testRequestHeaders() *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: testRequest().Headers},
+	}}}
 }

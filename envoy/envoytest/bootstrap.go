@@ -1,0 +1,270 @@
+package envoytest
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"sigs.k8s.io/yaml"
+)
+
+// Names in the shipped envoy/envoy.yaml that Edits rely on.
+const (
+	// IngressListener is the name of the one listener.
+	IngressListener = "ingress"
+	// IdemgateCluster and PaymentsCluster are the ext_proc cluster and the
+	// upstream.
+	IdemgateCluster = "idemgate"
+	PaymentsCluster = "payments"
+	// ConfirmRoute is the transfer confirm route.
+	ConfirmRoute = "transfer_confirm"
+	// ExtProcFilter is the name the ext_proc filter is registered under.
+	ExtProcFilter = "envoy.filters.http.ext_proc"
+)
+
+// Edits are the changes the e2e stacks, the load benchmark and the demo make
+// to the shipped envoy/envoy.yaml before they run it. The zero value changes
+// nothing. The edits are made on the decoded v3 Bootstrap, so one cannot
+// silently miss its target (a renamed route, cluster or filter is an error).
+type Edits struct {
+	// Listen and Admin replace the listener's and the admin interface's
+	// address (host:port; port 0 lets the kernel choose, Start reads the
+	// bound ports back); empty keeps the shipped one.
+	Listen, Admin string
+	// Clusters points each named cluster's single endpoint at host:port.
+	Clusters map[string]string
+	// ConfirmRouteTimeout replaces the confirm route's timeout when > 0.
+	ConfirmRouteTimeout time.Duration
+	// ConfirmRetryOn replaces the confirm route's retry_policy.retry_on when
+	// set (envoy.yaml: a downstream that ignores keys must not be retried on
+	// reset).
+	ConfirmRetryOn string
+	// MessageTimeout replaces ext_proc's message_timeout when > 0.
+	MessageTimeout time.Duration
+	// RawPaths turns off the HCM's path normalisation (normalize_path,
+	// merge_slashes, escaped slashes kept): only for the test that shows why
+	// envoy.yaml normalises.
+	RawPaths bool
+	// DropExtProc takes the ext_proc filter out of the chain (the load
+	// benchmark's Envoy-without-ext_proc column). The routes' per-filter
+	// configs that disable it stay: they name a filter type Envoy knows,
+	// which is all it checks.
+	DropExtProc bool
+}
+
+// RenderBootstrap returns shipped (envoy/envoy.yaml, or a variant of it)
+// with e applied, as YAML. The result passes the proto validation rules.
+func RenderBootstrap(shipped []byte, e Edits) ([]byte, error) {
+	var bs bootstrapv3.Bootstrap
+	if err := UnmarshalYAML(shipped, &bs); err != nil {
+		return nil, fmt.Errorf("failed to decode envoy.yaml: %w", err)
+	}
+	if err := e.apply(&bs); err != nil {
+		return nil, err
+	}
+	if err := bs.ValidateAll(); err != nil {
+		return nil, fmt.Errorf("the edited bootstrap is invalid: %w", err)
+	}
+	out, err := protojson.Marshal(&bs)
+	if err != nil {
+		return nil, fmt.Errorf("failed to encode the bootstrap: %w", err)
+	}
+	return yaml.JSONToYAML(out)
+}
+
+func (e Edits) apply(bs *bootstrapv3.Bootstrap) error {
+	if e.Admin != "" {
+		if bs.GetAdmin() == nil {
+			return fmt.Errorf("envoy.yaml has no admin")
+		}
+		if err := setAddress(&bs.Admin.Address, e.Admin); err != nil {
+			return fmt.Errorf("admin: %w", err)
+		}
+	}
+	listeners := bs.GetStaticResources().GetListeners()
+	if len(listeners) != 1 {
+		return fmt.Errorf("envoy.yaml should have one listener, has %d", len(listeners))
+	}
+	if e.Listen != "" {
+		if err := setAddress(&listeners[0].Address, e.Listen); err != nil {
+			return fmt.Errorf("listener: %w", err)
+		}
+	}
+	for name, addr := range e.Clusters {
+		ep, err := ClusterEndpoint(bs, name)
+		if err != nil {
+			return err
+		}
+		sa, err := SocketAddress(addr)
+		if err != nil {
+			return fmt.Errorf("cluster %s: %w", name, err)
+		}
+		ep.Address = sa.Address
+		ep.PortSpecifier = sa.PortSpecifier
+	}
+	if e.ConfirmRouteTimeout <= 0 && e.ConfirmRetryOn == "" && e.MessageTimeout <= 0 && !e.RawPaths && !e.DropExtProc {
+		return nil
+	}
+	return editHCM(listeners[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig(), func(h *hcmv3.HttpConnectionManager) error {
+		if e.ConfirmRouteTimeout > 0 {
+			if err := editRoute(h, ConfirmRoute, func(ra *routev3.RouteAction) error {
+				ra.Timeout = durationpb.New(e.ConfirmRouteTimeout)
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		if e.ConfirmRetryOn != "" {
+			if err := editRoute(h, ConfirmRoute, func(ra *routev3.RouteAction) error {
+				if ra.GetRetryPolicy() == nil {
+					return fmt.Errorf("route %s has no retry_policy", ConfirmRoute)
+				}
+				ra.RetryPolicy.RetryOn = e.ConfirmRetryOn
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		if e.RawPaths {
+			h.NormalizePath = nil
+			h.MergeSlashes = false
+			h.PathWithEscapedSlashesAction = hcmv3.HttpConnectionManager_KEEP_UNCHANGED
+		}
+		if e.MessageTimeout > 0 {
+			if err := setMessageTimeout(h, e.MessageTimeout); err != nil {
+				return err
+			}
+		}
+		if e.DropExtProc {
+			return dropHTTPFilter(h, ExtProcFilter)
+		}
+		return nil
+	})
+}
+
+// ClusterEndpoint is the socket address of the single endpoint of cluster
+// name in bs.
+func ClusterEndpoint(bs *bootstrapv3.Bootstrap, name string) (*corev3.SocketAddress, error) {
+	for _, c := range bs.GetStaticResources().GetClusters() {
+		if c.GetName() != name {
+			continue
+		}
+		eps := c.GetLoadAssignment().GetEndpoints()
+		if len(eps) != 1 || len(eps[0].GetLbEndpoints()) != 1 {
+			return nil, fmt.Errorf("cluster %s of envoy.yaml should have exactly one endpoint", name)
+		}
+		sa := eps[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
+		if sa == nil {
+			return nil, fmt.Errorf("cluster %s of envoy.yaml has no socket address", name)
+		}
+		return sa, nil
+	}
+	return nil, fmt.Errorf("envoy.yaml has no cluster %q", name)
+}
+
+// setAddress points *a at hostport, in place when it is a socket address
+// (its other fields stay as shipped).
+func setAddress(a **corev3.Address, hostport string) error {
+	sa, err := SocketAddress(hostport)
+	if err != nil {
+		return err
+	}
+	if cur := (*a).GetSocketAddress(); cur != nil {
+		cur.Address, cur.PortSpecifier = sa.Address, sa.PortSpecifier
+		return nil
+	}
+	*a = &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: sa}}
+	return nil
+}
+
+// SocketAddress parses host:port.
+func SocketAddress(hostport string) (*corev3.SocketAddress, error) {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return nil, fmt.Errorf("bad address %q: %w", hostport, err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return nil, fmt.Errorf("bad port in %q: %w", hostport, err)
+	}
+	return &corev3.SocketAddress{Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(p)}}, nil
+}
+
+// editHCM decodes the HTTP connection manager in a, lets edit change it, and
+// packs it back.
+func editHCM(a *anypb.Any, edit func(*hcmv3.HttpConnectionManager) error) error {
+	var h hcmv3.HttpConnectionManager
+	if err := a.UnmarshalTo(&h); err != nil {
+		return fmt.Errorf("failed to decode the http_connection_manager: %w", err)
+	}
+	if err := edit(&h); err != nil {
+		return err
+	}
+	packed, err := anypb.New(&h)
+	if err != nil {
+		return fmt.Errorf("failed to encode the http_connection_manager: %w", err)
+	}
+	a.TypeUrl, a.Value = packed.TypeUrl, packed.Value
+	return nil
+}
+
+// editRoute lets edit change the action of the route called name.
+func editRoute(h *hcmv3.HttpConnectionManager, name string, edit func(*routev3.RouteAction) error) error {
+	for _, vh := range h.GetRouteConfig().GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			if r.GetName() != name {
+				continue
+			}
+			ra, ok := r.GetAction().(*routev3.Route_Route)
+			if !ok {
+				return fmt.Errorf("route %s does not forward to a cluster", name)
+			}
+			return edit(ra.Route)
+		}
+	}
+	return fmt.Errorf("envoy.yaml has no route %q", name)
+}
+
+func setMessageTimeout(h *hcmv3.HttpConnectionManager, d time.Duration) error {
+	for _, f := range h.GetHttpFilters() {
+		if f.GetName() != ExtProcFilter {
+			continue
+		}
+		var ep extprocv3.ExternalProcessor
+		if err := f.GetTypedConfig().UnmarshalTo(&ep); err != nil {
+			return fmt.Errorf("failed to decode the ext_proc filter: %w", err)
+		}
+		ep.MessageTimeout = durationpb.New(d)
+		packed, err := anypb.New(&ep)
+		if err != nil {
+			return fmt.Errorf("failed to encode the ext_proc filter: %w", err)
+		}
+		f.ConfigType = &hcmv3.HttpFilter_TypedConfig{TypedConfig: packed}
+		return nil
+	}
+	return fmt.Errorf("envoy.yaml has no %s filter", ExtProcFilter)
+}
+
+// dropHTTPFilter removes the named filter from h.
+func dropHTTPFilter(h *hcmv3.HttpConnectionManager, name string) error {
+	kept := h.HttpFilters[:0]
+	for _, f := range h.HttpFilters {
+		if f.GetName() != name {
+			kept = append(kept, f)
+		}
+	}
+	if len(kept) == len(h.HttpFilters) {
+		return fmt.Errorf("envoy.yaml has no %s filter", name)
+	}
+	h.HttpFilters = kept
+	return nil
+}
