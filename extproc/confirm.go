@@ -318,7 +318,7 @@ func (ex *exchange) replay(rec state.Record, nonce string) *extprocv3.Processing
 		res = &state.Result{}
 	}
 	msg := envelope.AlreadyCompleted
-	if rec.State == state.StateFailed {
+	if rec.State == state.Failed {
 		msg = envelope.AlreadyFailed
 	}
 	marks := []*corev3.HeaderValueOption{replayedTrue, setHeader(hdrIdemKey, []byte(nonce))}
@@ -458,9 +458,9 @@ func (ex *exchange) confirmResponseBody(body []byte) (*extprocv3.ProcessingRespo
 // complete writes DONE or FAILED with the upstream result.
 func (ex *exchange) complete(body []byte) {
 	ex.settled = true
-	st, result := state.StateDone, "done"
+	st, result := state.Done, "done"
 	if ex.respClass == classFailed {
-		st, result = state.StateFailed, "failed"
+		st, result = state.Failed, "failed"
 	}
 	span := ex.traceChild(spanComplete)
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
@@ -488,7 +488,7 @@ func (ex *exchange) complete(body []byte) {
 	}
 }
 
-// settleAmbiguous settles an outcome nobody can know: Release (the next
+// settleAmbiguous settles an outcome nobody can know: EndLease (the next
 // retry takes over and re-sends the same key) when the downstream honours
 // keys, else MarkUnknown (a person reconciles).
 func (ex *exchange) settleAmbiguous(why string) {
@@ -503,7 +503,7 @@ func (ex *exchange) settleAmbiguous(why string) {
 	)
 	if ex.op.HonoursKeys() {
 		action = "released"
-		ans, err = ex.srv.store.Release(ctx, ex.claim)
+		ans, err = ex.srv.store.EndLease(ctx, ex.claim)
 	} else {
 		action = "marked_unknown"
 		ans, err = ex.srv.store.MarkUnknown(ctx, ex.claim)
@@ -515,7 +515,7 @@ func (ex *exchange) settleAmbiguous(why string) {
 // abandonUnsent gives the claim back when the reply that would have let the
 // request through never reached Envoy: the upstream was not contacted, so a
 // fresh claim is deleted and the retry acquires afresh, whatever the
-// downstream does with keys (Release would make a downstream that ignores
+// downstream does with keys (EndLease would make a downstream that ignores
 // keys end up needs_reconciliation for a call that never happened). A claim
 // made by a takeover keeps its record and only ends its lease: the earlier
 // attempt may have executed.
@@ -525,7 +525,7 @@ func (ex *exchange) abandonUnsent() {
 	span := ex.traceChild(spanSettle)
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
 	defer cancel()
-	ans, err := ex.srv.store.Abandon(ctx, ex.claim)
+	ans, err := ex.srv.store.AbandonUnsent(ctx, ex.claim)
 	if mayHaveWritten(err) {
 		ex.srv.abandons.pursue(ex.ctx, ex.claim, ex.op.Name)
 	}

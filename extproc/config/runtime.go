@@ -251,6 +251,6 @@ type Operation struct {
 }
 
 // HonoursKeys reports whether the downstream deduplicates by the
-// idempotency key, which decides Release versus MarkUnknown after an
+// idempotency key, which decides EndLease versus MarkUnknown after an
 // ambiguous outcome.
 func (o *Operation) HonoursKeys() bool { return o.DownstreamHeader != "" }

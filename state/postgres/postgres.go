@@ -151,7 +151,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 // hotStatements are prepared on every new connection. Each is prepared
 // under its own text as name: pgx then uses the prepared statement whenever
 // that text is run.
-var hotStatements = []string{acquireSQL, completeSQL, selectSQL, releaseSQL, abandonSQL, takeoverSQL, markUnknownSQL}
+var hotStatements = []string{acquireSQL, completeSQL, selectSQL, endLeaseSQL, abandonUnsentSQL, takeoverSQL, markUnknownSQL}
 
 func prepareHotStatements(ctx context.Context, conn *pgx.Conn) error {
 	for _, sql := range hotStatements {
@@ -237,14 +237,14 @@ SET state = $4, result_status = $5, result_headers = $6::jsonb, result_body = $7
 WHERE idem_key = $1::char(32) AND owner = $2 AND fence = $3 AND state IN ('IN_FLIGHT', 'UNKNOWN')
 RETURNING ` + recordCols
 
-	releaseSQL = `UPDATE idempotency_record
+	endLeaseSQL = `UPDATE idempotency_record
 SET lease_until = now(), updated_at = now()
 WHERE idem_key = $1::char(32) AND owner = $2 AND fence = $3 AND state = 'IN_FLIGHT'
 RETURNING ` + recordCols
 
-	// abandonSQL deletes a fresh claim (fence 1) whose request never
-	// reached the upstream; a later fence is ended with releaseSQL instead.
-	abandonSQL = `DELETE FROM idempotency_record
+	// abandonUnsentSQL deletes a fresh claim (fence 1) whose request never
+	// reached the upstream; a later fence is ended with endLeaseSQL instead.
+	abandonUnsentSQL = `DELETE FROM idempotency_record
 WHERE idem_key = $1::char(32) AND owner = $2 AND fence = 1 AND state = 'IN_FLIGHT'`
 
 	markUnknownSQL = `UPDATE idempotency_record
@@ -292,7 +292,7 @@ func scanRecord(row pgx.Row, lead ...any) (state.Record, error) {
 	if err := row.Scan(dst...); err != nil {
 		return state.Record{}, err
 	}
-	rec.State = state.State(st)
+	rec.State = state.RecordState(st)
 	if status != nil {
 		hs, err := headerCache.Decode(headers)
 		if err != nil {
@@ -425,34 +425,34 @@ func (s *Store) Complete(ctx context.Context, claim state.Claim, c state.Complet
 		claim.Key, claim.Owner, claim.Fence, string(c.State), status, headers, body, micros(c.Retention), c.Result.Ref)
 }
 
-// Release implements state.Store.
-func (s *Store) Release(ctx context.Context, claim state.Claim) (state.Answer, error) {
+// EndLease implements state.Store.
+func (s *Store) EndLease(ctx context.Context, claim state.Claim) (state.Answer, error) {
 	if err := claim.Validate(); err != nil {
 		return state.Answer{}, err
 	}
-	return s.update(ctx, false, "release in postgres", releaseSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
+	return s.update(ctx, false, "end lease in postgres", endLeaseSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
 		claim.Key, claim.Owner, claim.Fence)
 }
 
-// Abandon implements state.Store: a fresh claim is deleted, a taken-over
-// one released.
-func (s *Store) Abandon(ctx context.Context, claim state.Claim) (state.Answer, error) {
+// AbandonUnsent implements state.Store: a fresh claim is deleted, a
+// taken-over one's lease ended (EndLease).
+func (s *Store) AbandonUnsent(ctx context.Context, claim state.Claim) (state.Answer, error) {
 	if err := claim.Validate(); err != nil {
 		return state.Answer{}, err
 	}
 	if claim.Fence != 1 {
-		return s.Release(ctx, claim)
+		return s.EndLease(ctx, claim)
 	}
-	tag, err := s.pool.Exec(ctx, abandonSQL, claim.Key, claim.Owner)
+	tag, err := s.pool.Exec(ctx, abandonUnsentSQL, claim.Key, claim.Owner)
 	if err != nil {
-		return state.Answer{}, state.Unavailable("abandon in postgres", err)
+		return state.Answer{}, state.Unavailable("abandon unsent in postgres", err)
 	}
 	if tag.RowsAffected() == 1 {
 		return state.Answer{Outcome: state.OutcomeOK}, nil
 	}
 	rec, _, err := s.get(ctx, claim.Key)
 	if err != nil {
-		return state.Answer{}, state.Unavailable("abandon in postgres", err)
+		return state.Answer{}, state.Unavailable("abandon unsent in postgres", err)
 	}
 	return state.Answer{Outcome: state.OutcomeNotOwner, Record: rec}, nil
 }
@@ -544,7 +544,7 @@ func (s *Store) BatchStats() BatchStats {
 // ListFilter selects records for `idemgate ops list`.
 type ListFilter struct {
 	// State keeps only records in this state; empty means every state.
-	State state.State
+	State state.RecordState
 	// OlderThan keeps only records not updated for at least this long.
 	OlderThan time.Duration
 	// Limit caps the answer (default 100, at most 10000).
@@ -572,7 +572,7 @@ func (s *Store) List(ctx context.Context, f ListFilter) ([]state.Record, error) 
 	)
 	if f.State != "" {
 		switch f.State {
-		case state.StateInFlight, state.StateDone, state.StateFailed, state.StateUnknown:
+		case state.InFlight, state.Done, state.Failed, state.Unknown:
 		default:
 			return nil, fmt.Errorf("%w: unknown state %q", state.ErrInvalidArgument, f.State)
 		}

@@ -410,7 +410,7 @@ func TestMigrateAndOps(t *testing.T) {
 	rec, found, err := pg.Get(t.Context(), nonce)
 	require.NoError(t, err)
 	require.True(t, found)
-	require.Equal(t, state.StateDone, rec.State)
+	require.Equal(t, state.Done, rec.State)
 	require.Equal(t, `{"transfer_id":"tr_checked_by_hand"}`, string(rec.Result.Body))
 	require.Equal(t, "application/json", rec.Result.ContentType())
 

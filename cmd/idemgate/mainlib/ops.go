@@ -116,9 +116,9 @@ func (f dbFlags) withPostgres(ctx context.Context, stderr io.Writer, fn func(ctx
 	return fn(ctx, pg, terminal)
 }
 
-func parseState(s string) (state.State, error) {
-	switch st := state.State(strings.ToUpper(s)); st {
-	case "", state.StateInFlight, state.StateUnknown, state.StateDone, state.StateFailed:
+func parseState(s string) (state.RecordState, error) {
+	switch st := state.RecordState(strings.ToUpper(s)); st {
+	case "", state.InFlight, state.Unknown, state.Done, state.Failed:
 		return st, nil
 	}
 	return "", fmt.Errorf("unknown state %q (known: UNKNOWN, IN_FLIGHT, DONE, FAILED)", s)
@@ -243,9 +243,9 @@ func opsResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return fmt.Errorf("failed to read the body: %w", err)
 		}
 	}
-	st := state.StateDone
+	st := state.Done
 	if *failed {
-		st = state.StateFailed
+		st = state.Failed
 	}
 	res := state.Result{Status: *status, Body: payload}
 	if len(payload) > 0 && *contentType != "" {
