@@ -9,8 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc"
-	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/state"
 	"github.com/idemgate/idemgate/state/memory"
 	"github.com/idemgate/idemgate/state/postgres"
@@ -29,8 +29,7 @@ type storeSet struct {
 // openStore builds the configured store without waiting for any service: a
 // store that is down at start must not stop serve (it starts not ready and
 // answers confirms with temporarily_unavailable until the store answers).
-func openStore(ctx context.Context, rt *config.Runtime, metrics *extproc.Metrics, logger *slog.Logger) (*storeSet, error) {
-	s := rt.Store
+func openStore(ctx context.Context, s settings.StoreSettings, metrics *extproc.Metrics, logger *slog.Logger) (*storeSet, error) {
 	ss := &storeSet{backend: s.Backend()}
 	obs := metrics.StoreObserver()
 	var pgStore state.Store
