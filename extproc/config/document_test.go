@@ -74,3 +74,25 @@ func TestResultListsProblemsSectionBySection(t *testing.T) {
 		`f.yaml:1:18: ttl.in_flight: invalid duration "x": use a Go duration such as 250ms, 15m or 72h`,
 	}, strings.Split(err.Error(), "\n"))
 }
+
+// The shape walk leaves aliases and merge keys to the decoder, which then
+// checks the keys of every owner at once.
+func TestDocumentRefusesUnknownKeysBehindAliases(t *testing.T) {
+	for name, src := range map[string]string{
+		"alias":     "ttl: &t {fingerprint: 15m}\nstore: *t\n",
+		"merge key": "ttl: &t {fingerprint: 15m}\nstore: {<<: *t, timeout: 1s}\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := ParseDocument("f.yaml", []byte(src+documentOps), "", testOptions(), process{})
+			require.ErrorContains(t, err, `unknown field "fingerprint"`)
+			_, _, err = Parse("f.yaml", []byte(src+documentOps), "", testOptions())
+			require.ErrorContains(t, err, `unknown field "fingerprint"`)
+		})
+	}
+	// Known keys behind an alias are fine.
+	doc, err := ParseDocument("f.yaml", []byte("grpc_listen: &l \":1\"\nstore: {redis: {addrs: [*l]}}\n"+documentOps), "", testOptions(), process{})
+	require.NoError(t, err)
+	var proc process
+	require.NoError(t, doc.Decode(&proc))
+	require.Equal(t, []string{":1"}, proc.Store.Redis.Addrs)
+}

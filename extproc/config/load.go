@@ -82,7 +82,7 @@ type Document struct {
 	d        *doc
 	baseDir  string
 	opts     Options
-	strict   bool    // no other schema: the decoder may refuse unknown keys too
+	strict   bool    // one schema, no unknown key: Decode refuses unknown keys too
 	problems []error // of the shape: unknown keys
 }
 
@@ -124,11 +124,71 @@ func ParseDocument(name string, data []byte, baseDir string, opts Options, other
 	if shape.typeErrors > 0 || len(extraDocs) > 0 {
 		return nil, errors.Join(problems...)
 	}
-	return &Document{
-		d: d, baseDir: baseDir, opts: opts.withDefaults(),
-		strict:   len(others) == 0 && shape.unknown == 0,
-		problems: problems,
-	}, nil
+	doc := &Document{d: d, baseDir: baseDir, opts: opts.withDefaults(), problems: problems}
+	if shape.unknown == 0 && d.root != nil {
+		if len(others) == 0 {
+			doc.strict = true
+		} else if err := yaml.NodeToValue(d.root, reflect.New(unionOf(schemas)).Interface(), yaml.DisallowUnknownField()); err != nil {
+			// The walk found no unknown key; let the decoder check again,
+			// against every owner's keys at once: it also follows the
+			// aliases and merge keys the walk leaves to it.
+			return nil, errors.Join(append(problems, yamlProblem(name, err))...)
+		}
+	}
+	return doc, nil
+}
+
+// unionOf is a struct type with the yaml keys of every schema in ts (a key
+// several know takes the union of their struct types), for a strict decode
+// of a file with several owners.
+func unionOf(ts []reflect.Type) reflect.Type {
+	if len(ts) == 1 {
+		return ts[0]
+	}
+	var (
+		fields []reflect.StructField
+		types  [][]reflect.Type
+		index  = map[string]int{}
+	)
+	for _, t := range ts {
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			key, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if key == "" || key == "-" {
+				continue
+			}
+			if j, ok := index[key]; ok {
+				types[j] = append(types[j], f.Type)
+				continue
+			}
+			index[key] = len(fields)
+			fields = append(fields, reflect.StructField{Name: fmt.Sprintf("F%d", len(fields)), Type: f.Type, Tag: reflect.StructTag(`yaml:"` + key + `"`)})
+			types = append(types, []reflect.Type{f.Type})
+		}
+	}
+	for j := range fields {
+		if len(types[j]) == 1 {
+			continue
+		}
+		pointer := false
+		var elems []reflect.Type
+		for _, t := range types[j] {
+			if t.Kind() == reflect.Pointer {
+				pointer, t = true, t.Elem()
+			}
+			if t.Kind() == reflect.Struct {
+				elems = append(elems, t)
+			}
+		}
+		if len(elems) != len(types[j]) {
+			continue // not all structs: the first owner's type decides
+		}
+		fields[j].Type = unionOf(elems)
+		if pointer {
+			fields[j].Type = reflect.PointerTo(fields[j].Type)
+		}
+	}
+	return reflect.StructOf(fields)
 }
 
 // Decode fills v, a pointer to one of the schemas given to ParseDocument,
