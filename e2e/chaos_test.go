@@ -166,7 +166,7 @@ func TestPostgresUnreachable(t *testing.T) {
 // while payments is still answering. Envoy answers 504 itself (and shows
 // that 504 to idemgate's response phase, which treats it as an ambiguous
 // 5xx: see TestEnvoyLocalRepliesSettleTheClaim); idemgate settles the
-// claim at once (Release: the downstream honours keys),
+// claim at once (EndLease: the downstream honours keys),
 // so the retry need not wait for the 2 minute lease: it re-sends the same
 // Idempotency-Key and gets the transfer that was made, executed once.
 func TestUpstreamTimeout(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/envoy/envoytest"
 	"github.com/idemgate/idemgate/extproc/config"
 )
@@ -26,13 +27,13 @@ func TestIdemgateYAMLIsAcceptedByTheLoader(t *testing.T) {
 			return nil, fmt.Errorf("envoy/idemgate.yaml should read no file, read %s", p)
 		},
 	}
-	rt, warnings, err := config.Parse("envoy/idemgate.yaml", readFile(t, "idemgate.yaml"), ".", opts)
+	cfg, warnings, err := settings.Parse("envoy/idemgate.yaml", readFile(t, "idemgate.yaml"), ".", opts)
 	require.NoError(t, err)
 	require.Empty(t, warnings)
 
 	loose, err := envoytest.ReadIdemgateConfig(readFile(t, "idemgate.yaml"))
 	require.NoError(t, err)
-	requireSameConfig(t, loose, rt)
+	requireSameConfig(t, loose, cfg)
 }
 
 func newSigningKey(t *testing.T) string {
@@ -44,17 +45,18 @@ func newSigningKey(t *testing.T) string {
 }
 
 // requireSameConfig compares the values the invariants use with the loader's.
-func requireSameConfig(t *testing.T, loose *envoytest.IdemgateConfig, rt *config.Runtime) {
+func requireSameConfig(t *testing.T, loose *envoytest.IdemgateConfig, cfg *settings.Settings) {
+	rt := cfg.Runtime
 	t.Helper()
-	require.Equal(t, loose.GRPCListen, rt.GRPCListen)
-	require.Equal(t, loose.AdminListen, rt.AdminListen)
+	require.Equal(t, loose.GRPCListen, cfg.GRPCListen)
+	require.Equal(t, loose.AdminListen, cfg.AdminListen)
 	require.Equal(t, loose.Subject.Header, rt.Subject.Header)
 	require.Equal(t, time.Duration(loose.Store.Timeout), rt.Store.Timeout)
 	require.Equal(t, time.Duration(loose.TTL.InFlight), rt.TTL.InFlight)
 	require.Equal(t, loose.Limits.MaxBodyBytes, rt.Limits.MaxBodyBytes)
-	require.Equal(t, time.Duration(loose.Drain.Period), rt.Drain.Period)
-	require.Equal(t, time.Duration(loose.Drain.Timeout), rt.Drain.Timeout)
-	require.Equal(t, "tiered", rt.Store.Backend(), "the shipped configs run Redis + PostgreSQL")
+	require.Equal(t, time.Duration(loose.Drain.Period), cfg.Drain.Period)
+	require.Equal(t, time.Duration(loose.Drain.Timeout), cfg.Drain.Timeout)
+	require.Equal(t, "tiered", cfg.Store.Backend(), "the shipped configs run Redis + PostgreSQL")
 	require.Len(t, rt.Operations, len(loose.Operations))
 	for i, op := range rt.Operations {
 		l := loose.Operations[i]

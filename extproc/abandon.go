@@ -16,7 +16,7 @@ import (
 // every retry wait for the whole lease (in_progress), although the confirm
 // was answered temporarily_unavailable ("nothing executed, retry") and the
 // upstream was never contacted. The abandoner gives such claims back in the
-// background: a few Abandon calls within abandonWindow on a context of their
+// background: a few AbandonUnsent calls within abandonWindow on a context of their
 // own, never holding up the reply.
 const (
 	// abandonWindow bounds how long one claim is pursued.
@@ -103,7 +103,7 @@ func (a *abandoner) pursue(ctx context.Context, claim state.Claim, operation str
 	}()
 }
 
-// run tries Abandon until it is applied, or until the answer shows that the
+// run tries AbandonUnsent until it is applied, or until the answer shows that the
 // claim can no longer appear, or until the tries run out.
 func (a *abandoner) run(ctx context.Context, claim state.Claim) string {
 	ctx, cancel := context.WithTimeout(ctx, abandonWindow)
@@ -121,7 +121,7 @@ func (a *abandoner) run(ctx context.Context, claim state.Claim) string {
 			}
 		}
 		cctx, ccancel := context.WithTimeout(ctx, a.timeout)
-		ans, err := a.store.Abandon(cctx, claim)
+		ans, err := a.store.AbandonUnsent(cctx, claim)
 		ccancel()
 		switch {
 		case errors.Is(err, state.ErrInvalidArgument):

@@ -18,7 +18,7 @@ func newMemoryStore(clk *clock) state.Store { return memory.New(memory.Options{N
 
 // If the reply that lets the request through cannot be sent, the upstream
 // was never contacted: the fresh claim is abandoned (deleted), so the next
-// confirm acquires afresh, even for a downstream that ignores keys (Release
+// confirm acquires afresh, even for a downstream that ignores keys (EndLease
 // would make that one needs_reconciliation, MarkUnknown likewise).
 func TestAcquiredReplyNotSentIsAbandoned(t *testing.T) {
 	for _, tc := range []struct{ name, preview, confirm, body, scope string }{
@@ -38,8 +38,8 @@ func TestAcquiredReplyNotSentIsAbandoned(t *testing.T) {
 			c.FailSends(broken)
 			require.NoError(t, c.Send(reqBody(confirmBody)))
 			require.ErrorIs(t, c.wait(t), broken)
-			require.Equal(t, 1, e.store.Calls(state.OpAbandon))
-			require.Equal(t, 0, e.store.Calls(state.OpRelease))
+			require.Equal(t, 1, e.store.Calls(state.OpAbandonUnsent))
+			require.Equal(t, 0, e.store.Calls(state.OpEndLease))
 			require.Equal(t, 0, e.store.Calls(state.OpMarkUnknown))
 			nonce := e.claimsOf(t, fp, "alice", tc.scope).Nonce
 			_, found := e.record(t, nonce)
@@ -54,7 +54,7 @@ func TestAcquiredReplyNotSentIsAbandoned(t *testing.T) {
 			require.Equal(t, 1, p.Executions())
 			rec, found := e.record(t, nonce)
 			require.True(t, found)
-			require.Equal(t, state.StateDone, rec.State)
+			require.Equal(t, state.Done, rec.State)
 			require.Equal(t, int64(1), rec.Fence)
 		})
 	}
@@ -86,7 +86,7 @@ func TestUnsentReplyAfterTakeoverEndsTheLease(t *testing.T) {
 	require.NoError(t, s.Send(reqBody(transferBody(`5`, "EUR", "DE89", fp))))
 	require.ErrorIs(t, s.wait(t), broken)
 	require.Equal(t, 1, e.store.Calls(state.OpTakeover))
-	require.Equal(t, 1, e.store.Calls(state.OpAbandon))
+	require.Equal(t, 1, e.store.Calls(state.OpAbandonUnsent))
 	rec, found := e.record(t, c.Nonce)
 	require.True(t, found, "a taken-over record is kept")
 	require.Equal(t, int64(2), rec.Fence)
@@ -97,7 +97,7 @@ func TestUnsentReplyAfterTakeoverEndsTheLease(t *testing.T) {
 	require.Equal(t, 201, res.status)
 	require.Equal(t, c.Nonce, res.upstreamHdrs["idempotency-key"])
 	rec, _ = e.record(t, c.Nonce)
-	require.Equal(t, state.StateDone, rec.State)
+	require.Equal(t, state.Done, rec.State)
 	require.Equal(t, int64(3), rec.Fence)
 }
 
@@ -158,7 +158,7 @@ func TestAcquireTimeoutAfterCommitDoesNotBlockTheRetry(t *testing.T) {
 	require.Equal(t, nonce, res.upstreamHdrs["idempotency-key"])
 	require.Equal(t, 1, p.Executions())
 	rec, _ := e.record(t, nonce)
-	require.Equal(t, state.StateDone, rec.State)
+	require.Equal(t, state.Done, rec.State)
 	require.Equal(t, int64(1), rec.Fence, "the orphaned claim was deleted, the retry acquired afresh")
 	require.Equal(t, float64(1), metricValue(t, e.metrics.backgroundAbandons.WithLabelValues("transfer", abandonResultAbandoned)))
 }
@@ -212,7 +212,7 @@ func TestTakeoverTimeoutAfterCommit(t *testing.T) {
 	require.Equal(t, 201, res.status, "%s", res.body)
 	require.Equal(t, c.Nonce, res.upstreamHdrs["idempotency-key"])
 	rec, _ := e.record(t, c.Nonce)
-	require.Equal(t, state.StateDone, rec.State)
+	require.Equal(t, state.Done, rec.State)
 	require.Equal(t, int64(3), rec.Fence, "the landed takeover (2) was ended, the retry took over again (3)")
 }
 
@@ -235,5 +235,5 @@ func TestFailedAcquireThatWroteNothing(t *testing.T) {
 		return metricValue(t, e.metrics.backgroundAbandons.WithLabelValues("transfer", abandonResultNothing)) == 1
 	}, 5*time.Second, 10*time.Millisecond)
 	rec, _ := e.record(t, e.claimsOf(t, fp, "alice", "payments.transfer").Nonce)
-	require.Equal(t, state.StateDone, rec.State, "the retry's record is left alone")
+	require.Equal(t, state.Done, rec.State, "the retry's record is left alone")
 }

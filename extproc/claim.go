@@ -84,7 +84,7 @@ func (ex *exchange) finish() {
 // settle makes the Store call that settles the claim this stream holds, as
 // settlement decides from the upstream's outcome so far. whole says the
 // upstream's answer was seen to its end (its body, or headers that end the
-// stream); body is the result to record; why is logged with a Release or
+// stream); body is the result to record; why is logged with a EndLease or
 // MarkUnknown.
 func (ex *exchange) settle(whole bool, body []byte, why string) {
 	if !ex.claimPhase.held() {
@@ -95,9 +95,9 @@ func (ex *exchange) settle(whole bool, body []byte, why string) {
 	switch call {
 	case callCompleteDone, callCompleteFailed:
 		ex.complete(call, body)
-	case callRelease, callMarkUnknown:
+	case callEndLease, callMarkUnknown:
 		ex.endLease(call, why)
-	case callAbandon:
+	case callAbandonUnsent:
 		ex.abandonUnsent()
 	}
 }

@@ -43,16 +43,16 @@ import (
 //	NOT_FOUND, attempt>1;  —                 any      —                         internal_error
 //	  any other answer
 //	── settlement: ACQUIRED, and the reply letting the request through was ─────────────────────────────
-//	never sent             —                 any      Abandon                   its loss, or internal_error
+//	never sent             —                 any      AbandonUnsent             its loss, or internal_error
 //	                                                                            after a panic
 //	sent                   done              any      Complete DONE, result     the upstream's answer, as is
 //	                       failed            any      Complete FAILED, result   the upstream's answer, as is
-//	                       ambiguous         yes      Release                   the upstream's answer, as is
+//	                       ambiguous         yes      EndLease                  the upstream's answer, as is
 //	                                         no       MarkUnknown               the upstream's answer, as is
-//	sent; the stream       done, failed      yes      Release                   whatever Envoy sends
+//	sent; the stream       done, failed      yes      EndLease                  whatever Envoy sends
 //	  ended before that      (status only)   no       Complete DONE/FAILED,
 //	  answer was whole                                  no body
-//	                       none (no status)  yes      Release
+//	                       none (no status)  yes      EndLease
 //	                                         no       MarkUnknown
 //
 // "Honours keys": the operation names a downstream idempotency header, so
@@ -305,9 +305,9 @@ const (
 	callNone storeCall = iota
 	callCompleteDone
 	callCompleteFailed
-	callRelease
+	callEndLease
 	callMarkUnknown
-	callAbandon
+	callAbandonUnsent
 )
 
 func (c storeCall) String() string {
@@ -316,12 +316,12 @@ func (c storeCall) String() string {
 		return "Complete DONE"
 	case callCompleteFailed:
 		return "Complete FAILED"
-	case callRelease:
-		return "Release"
+	case callEndLease:
+		return "EndLease"
 	case callMarkUnknown:
 		return "MarkUnknown"
-	case callAbandon:
-		return "Abandon"
+	case callAbandonUnsent:
+		return "AbandonUnsent"
 	}
 	return "none"
 }
@@ -333,7 +333,7 @@ func (c storeCall) String() string {
 func settlement(phase claimPhase, class outcomeClass, whole, honoursKeys bool) storeCall {
 	endLease := callMarkUnknown
 	if honoursKeys {
-		endLease = callRelease
+		endLease = callEndLease
 	}
 	complete := callCompleteDone
 	if class == classFailed {
@@ -342,7 +342,7 @@ func settlement(phase claimPhase, class outcomeClass, whole, honoursKeys bool) s
 	switch {
 	case phase == claimPending:
 		// Never sent: the upstream was not contacted.
-		return callAbandon
+		return callAbandonUnsent
 	case phase != claimLetThrough:
 		return callNone
 	case class == classAmbiguous:

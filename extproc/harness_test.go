@@ -149,18 +149,18 @@ func (c *countingStore) Complete(ctx context.Context, claim state.Claim, comp st
 	return c.Store.Complete(ctx, claim, comp)
 }
 
-func (c *countingStore) Release(ctx context.Context, claim state.Claim) (state.Answer, error) {
-	if err := c.count(state.OpRelease); err != nil {
+func (c *countingStore) EndLease(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	if err := c.count(state.OpEndLease); err != nil {
 		return state.Answer{}, err
 	}
-	return c.Store.Release(ctx, claim)
+	return c.Store.EndLease(ctx, claim)
 }
 
-func (c *countingStore) Abandon(ctx context.Context, claim state.Claim) (state.Answer, error) {
-	if err := c.count(state.OpAbandon); err != nil {
+func (c *countingStore) AbandonUnsent(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	if err := c.count(state.OpAbandonUnsent); err != nil {
 		return state.Answer{}, err
 	}
-	return c.Store.Abandon(ctx, claim)
+	return c.Store.AbandonUnsent(ctx, claim)
 }
 
 func (c *countingStore) MarkUnknown(ctx context.Context, claim state.Claim) (state.Answer, error) {

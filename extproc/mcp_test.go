@@ -317,7 +317,7 @@ func runMCPSuite(t *testing.T, e *env, d dialer, sse bool) {
 		require.Equal(t, "p1", up.lastMeta["progressToken"], "other _meta kept")
 		require.Equal(t, "tr_1", finalMessage(t, res.body)["result"].(map[string]any)["structuredContent"].(map[string]any)["transfer_id"], "the upstream's answer reaches the client")
 		rec, _ := e.record(t, nonce)
-		require.Equal(t, state.StateDone, rec.State)
+		require.Equal(t, state.Done, rec.State)
 
 		for _, id := range []string{`"c-2"`, `7`, `"x\u0041"`} {
 			res = do(t, d, mcpPost(alice, rpc(id, "tools/call", callParams("transfer_confirm", transferArgs(`"100.0"`, fp)))), neverCalled(t))
@@ -403,7 +403,7 @@ func runMCPSuite(t *testing.T, e *env, d dialer, sse bool) {
 		} {
 			fp, nonce, up := outcome(t, "transfer", member, nil)
 			rec, _ := e.record(t, nonce)
-			require.Equal(t, state.StateFailed, rec.State, member)
+			require.Equal(t, state.Failed, rec.State, member)
 			res := confirmAgain(t, "transfer", fp, up)
 			r := toolResult(t, res, `"again"`, "already_failed", true)
 			require.Equal(t, 1, up.Executions())
@@ -434,14 +434,14 @@ func runMCPSuite(t *testing.T, e *env, d dialer, sse bool) {
 				fp, nonce, up := outcome(t, "transfer", c.member, c.whole)
 				require.Eventually(t, func() bool {
 					rec, found := e.record(t, nonce)
-					return found && rec.State == state.StateInFlight && rec.LeaseExpired
+					return found && rec.State == state.InFlight && rec.LeaseExpired
 				}, 5*time.Second, 10*time.Millisecond, "released at once, not left for the lease")
 				res := confirmAgain(t, "transfer", fp, up)
 				require.Nil(t, res.immediate, string(res.body))
 				require.Equal(t, nonce, res.upstreamHdrs["idempotency-key"])
 				require.Equal(t, 2, up.Executions())
 				rec, _ := e.record(t, nonce)
-				require.Equal(t, state.StateDone, rec.State)
+				require.Equal(t, state.Done, rec.State)
 			})
 		}
 		t.Run("a downstream that ignores keys needs reconciliation", func(t *testing.T) {

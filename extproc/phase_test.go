@@ -159,7 +159,7 @@ func TestExpiredLeaseOfACrashedGateway(t *testing.T) {
 	require.Equal(t, 201, res.status)
 	require.Equal(t, c.Nonce, res.upstreamHdrs["idempotency-key"])
 	rec, _ := e.record(t, c.Nonce)
-	require.Equal(t, state.StateDone, rec.State)
+	require.Equal(t, state.Done, rec.State)
 	require.Equal(t, int64(2), rec.Fence, "taken over: fence+1")
 
 	res = do(t, d, post("/v1/accounts/z/payouts/preview", "alice", []byte(`{"amount":3}`)), previewOK)
@@ -173,7 +173,7 @@ func TestExpiredLeaseOfACrashedGateway(t *testing.T) {
 	res = do(t, d, post("/v1/accounts/z/payouts/confirm", "alice", []byte(fmt.Sprintf(`{"amount":3,"fingerprint":%q}`, fp))), neverCalled(t))
 	requireEnvelope(t, res, 409, "needs_reconciliation", false)
 	rec, _ = e.record(t, c.Nonce)
-	require.Equal(t, state.StateUnknown, rec.State)
+	require.Equal(t, state.Unknown, rec.State)
 }
 
 func TestBodilessUpstreamAnswerCompletesAtHeaders(t *testing.T) {
@@ -186,7 +186,7 @@ func TestBodilessUpstreamAnswerCompletesAtHeaders(t *testing.T) {
 	require.Equal(t, 204, res.status)
 	require.Equal(t, 3, res.replies)
 	rec, _ := e.record(t, e.claimsOf(t, fp, "alice", "payments.transfer").Nonce)
-	require.Equal(t, state.StateDone, rec.State)
+	require.Equal(t, state.Done, rec.State)
 	require.Equal(t, 204, rec.Result.Status)
 }
 

@@ -19,7 +19,7 @@ func (ex *exchange) replay(rec state.Record, nonce string) *extprocv3.Processing
 		res = &state.Result{}
 	}
 	msg := envelope.AlreadyCompleted
-	if rec.State == state.StateFailed {
+	if rec.State == state.Failed {
 		msg = envelope.AlreadyFailed
 	}
 	marks := []*corev3.HeaderValueOption{replayedTrue, setHeader(hdrIdemKey, []byte(nonce))}

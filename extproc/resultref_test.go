@@ -31,7 +31,7 @@ func TestResultRefIsRecordedAtCompletion(t *testing.T) {
 	fp2 := preview(t, d, "alice", `22`)
 	c := e.claimsOf(t, fp2, "alice", "payments.transfer")
 	e.holdRecord(t, c, "payments.transfer", 2*time.Minute)
-	r, err := e.store.Store.Resolve(t.Context(), c.Nonce, state.Completion{State: state.StateDone, Retention: time.Hour,
+	r, err := e.store.Store.Resolve(t.Context(), c.Nonce, state.Completion{State: state.Done, Retention: time.Hour,
 		Result: state.Result{Status: 200, Body: []byte(`{"transfer_id":"tr_manual"}`)}})
 	require.NoError(t, err)
 	require.Equal(t, state.OutcomeOK, r.Outcome)

@@ -12,9 +12,9 @@ import (
 // complete writes DONE (callCompleteDone) or FAILED (callCompleteFailed)
 // with the upstream result.
 func (ex *exchange) complete(call storeCall, body []byte) {
-	st, result := state.StateDone, "done"
+	st, result := state.Done, "done"
 	if call == callCompleteFailed {
-		st, result = state.StateFailed, "failed"
+		st, result = state.Failed, "failed"
 	}
 	span := ex.traceChild(spanComplete)
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
@@ -42,7 +42,7 @@ func (ex *exchange) complete(call storeCall, body []byte) {
 	}
 }
 
-// endLease settles an outcome nobody can know: Release (callRelease: the
+// endLease settles an outcome nobody can know: EndLease (callEndLease: the
 // next retry takes over and re-sends the same key, for a downstream that
 // honours keys) or MarkUnknown (callMarkUnknown: a person reconciles).
 func (ex *exchange) endLease(call storeCall, why string) {
@@ -54,9 +54,9 @@ func (ex *exchange) endLease(call storeCall, why string) {
 		err    error
 		action string
 	)
-	if call == callRelease {
+	if call == callEndLease {
 		action = "released"
-		ans, err = ex.srv.store.Release(ctx, ex.claim)
+		ans, err = ex.srv.store.EndLease(ctx, ex.claim)
 	} else {
 		action = "marked_unknown"
 		ans, err = ex.srv.store.MarkUnknown(ctx, ex.claim)
@@ -68,7 +68,7 @@ func (ex *exchange) endLease(call storeCall, why string) {
 // abandonUnsent gives the claim back when the reply that would have let the
 // request through never reached Envoy: the upstream was not contacted, so a
 // fresh claim is deleted and the retry acquires afresh, whatever the
-// downstream does with keys (Release would make a downstream that ignores
+// downstream does with keys (EndLease would make a downstream that ignores
 // keys end up needs_reconciliation for a call that never happened). A claim
 // made by a takeover keeps its record and only ends its lease: the earlier
 // attempt may have executed.
@@ -76,7 +76,7 @@ func (ex *exchange) abandonUnsent() {
 	span := ex.traceChild(spanSettle)
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
 	defer cancel()
-	ans, err := ex.srv.store.Abandon(ctx, ex.claim)
+	ans, err := ex.srv.store.AbandonUnsent(ctx, ex.claim)
 	if mayHaveWritten(err) {
 		ex.srv.abandons.pursue(ex.ctx, ex.claim, ex.op.Name)
 	}

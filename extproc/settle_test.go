@@ -12,7 +12,7 @@ import (
 )
 
 // settleBound is DESIGN section 8's promise: a stream that ends after
-// ACQUIRED with no response phase is settled within one second (Release or
+// ACQUIRED with no response phase is settled within one second (EndLease or
 // MarkUnknown), so the agent's retry does not wait for the lease. The
 // measured settle is a few milliseconds; a second is margin enough for a
 // loaded two-core machine, and a settle that waited (a timer, a sweep) fails.
@@ -38,7 +38,7 @@ func TestStreamEndAfterAcquireIsSettledWithinOneSecond(t *testing.T) {
 		name    string
 		preview func() (fp, nonce string)
 		confirm func(fp string) httpRequest
-		settled state.State
+		settled state.RecordState
 	}{
 		{
 			name: "downstream honours keys: released",
@@ -49,7 +49,7 @@ func TestStreamEndAfterAcquireIsSettledWithinOneSecond(t *testing.T) {
 			confirm: func(fp string) httpRequest {
 				return post("/v1/transfers/confirm", alice, transferBody(`7`, "EUR", "DE89", fp))
 			},
-			settled: state.StateInFlight, // with its lease ended
+			settled: state.InFlight, // with its lease ended
 		},
 		{
 			name: "downstream ignores keys: marked unknown",
@@ -61,7 +61,7 @@ func TestStreamEndAfterAcquireIsSettledWithinOneSecond(t *testing.T) {
 			confirm: func(fp string) httpRequest {
 				return post("/v1/accounts/acc-1/payouts/confirm", alice, []byte(fmt.Sprintf(`{"amount":3,"fingerprint":%q}`, fp)))
 			},
-			settled: state.StateUnknown,
+			settled: state.Unknown,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -73,7 +73,7 @@ func TestStreamEndAfterAcquireIsSettledWithinOneSecond(t *testing.T) {
 			require.Eventually(t, func() bool {
 				r, found := e.record(t, nonce)
 				rec = r
-				return found && r.State == tc.settled && (r.State != state.StateInFlight || r.LeaseExpired)
+				return found && r.State == tc.settled && (r.State != state.InFlight || r.LeaseExpired)
 			}, 10*time.Second, 5*time.Millisecond, "the record was never settled")
 			took := rec.UpdatedAt.Sub(reached)
 			t.Logf("settled %s after the upstream was reached", took)

@@ -15,21 +15,21 @@ func TestSettlement(t *testing.T) {
 		want    storeCall
 	}{
 		// Never sent: whatever else is true, the upstream was not contacted.
-		{claimPending, classNone, cut, honours, callAbandon},
-		{claimPending, classNone, cut, ignores, callAbandon},
+		{claimPending, classNone, cut, honours, callAbandonUnsent},
+		{claimPending, classNone, cut, ignores, callAbandonUnsent},
 		// Sent, the answer seen whole.
 		{claimLetThrough, classDone, whole, honours, callCompleteDone},
 		{claimLetThrough, classDone, whole, ignores, callCompleteDone},
 		{claimLetThrough, classFailed, whole, honours, callCompleteFailed},
 		{claimLetThrough, classFailed, whole, ignores, callCompleteFailed},
-		{claimLetThrough, classAmbiguous, whole, honours, callRelease},
+		{claimLetThrough, classAmbiguous, whole, honours, callEndLease},
 		{claimLetThrough, classAmbiguous, whole, ignores, callMarkUnknown},
 		// Sent, the stream ended first.
-		{claimLetThrough, classDone, cut, honours, callRelease},
+		{claimLetThrough, classDone, cut, honours, callEndLease},
 		{claimLetThrough, classDone, cut, ignores, callCompleteDone},
-		{claimLetThrough, classFailed, cut, honours, callRelease},
+		{claimLetThrough, classFailed, cut, honours, callEndLease},
 		{claimLetThrough, classFailed, cut, ignores, callCompleteFailed},
-		{claimLetThrough, classNone, cut, honours, callRelease},
+		{claimLetThrough, classNone, cut, honours, callEndLease},
 		{claimLetThrough, classNone, cut, ignores, callMarkUnknown},
 		// Nothing held: nothing to settle.
 		{claimNone, classNone, cut, honours, callNone},

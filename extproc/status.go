@@ -32,7 +32,7 @@ func (ex *exchange) statusRequest(body []byte, _ bool) (*extprocv3.ProcessingRes
 		return ex.envelope(envelope.StatusNotStarted, 0, envelope.Extra{}), true
 	}
 	switch rec.State {
-	case state.StateInFlight:
+	case state.InFlight:
 		if !rec.LeaseExpired {
 			return ex.envelope(envelope.StatusInProgress, 0, envelope.Extra{}), true
 		}
@@ -41,9 +41,9 @@ func (ex *exchange) statusRequest(body []byte, _ bool) (*extprocv3.ProcessingRes
 			return ex.envelope(envelope.StatusInterrupted, 0, envelope.Extra{}), true
 		}
 		return ex.envelope(envelope.StatusNeedsReconciliation, 0, envelope.Extra{}), true
-	case state.StateDone, state.StateFailed:
+	case state.Done, state.Failed:
 		msg := envelope.StatusCompleted
-		if rec.State == state.StateFailed {
+		if rec.State == state.Failed {
 			msg = envelope.StatusFailed
 		}
 		res := rec.Result

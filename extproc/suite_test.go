@@ -126,7 +126,7 @@ func runSuite(t *testing.T, e *env, d dialer) {
 		require.Equal(t, 201, res.status)
 		require.Equal(t, `{"transfer_id":"tr_1","state":"executed"}`, string(res.body), "upstream answer reaches the client unchanged")
 		require.Equal(t, 1, p.Executions())
-		require.Eventually(t, func() bool { rec, _ := e.record(t, nonce); return rec.State == state.StateDone }, 5*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { rec, _ := e.record(t, nonce); return rec.State == state.Done }, 5*time.Second, 10*time.Millisecond)
 
 		res = do(t, d, confirm(alice, transferBody(`100.0`, "EUR", "DE89", fp)), neverCalled(t))
 		body := requireEnvelope(t, res, 201, "already_completed", false)
@@ -262,7 +262,7 @@ func runSuite(t *testing.T, e *env, d dialer) {
 		nonce := e.claimsOf(t, fp, alice, "payments.transfer").Nonce
 		res := do(t, d, confirm(alice, transferBody(`13`, "EUR", "DE89", fp)), p.handle)
 		require.Equal(t, 201, res.status)
-		require.Eventually(t, func() bool { rec, _ := e.record(t, nonce); return rec.State == state.StateDone }, 5*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { rec, _ := e.record(t, nonce); return rec.State == state.Done }, 5*time.Second, 10*time.Millisecond)
 		e.clock.Advance(15*time.Minute + time.Second)
 
 		res = do(t, d, confirm(alice, transferBody(`13`, "EUR", "DE89", fp)), neverCalled(t))
@@ -403,13 +403,13 @@ func runSuite(t *testing.T, e *env, d dialer) {
 		require.Equal(t, 504, res.status)
 		require.Eventually(t, func() bool {
 			rec, _ := e.record(t, nonce)
-			return rec.State == state.StateInFlight && rec.LeaseExpired
+			return rec.State == state.InFlight && rec.LeaseExpired
 		}, 5*time.Second, 10*time.Millisecond, "released at once, not left for the lease")
 		res = do(t, d, confirm(alice, transferBody(`16`, "EUR", "DE89", fp)), upstream)
 		require.Equal(t, 201, res.status)
 		require.Equal(t, []string{nonce, nonce}, keys, "the retry took over and re-sent the same key")
 		require.Equal(t, 1, p.Executions(), "the downstream deduplicated it")
-		require.Eventually(t, func() bool { rec, _ := e.record(t, nonce); return rec.State == state.StateDone }, 5*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { rec, _ := e.record(t, nonce); return rec.State == state.Done }, 5*time.Second, 10*time.Millisecond)
 	})
 
 	t.Run("upstream 503: released at response headers, body not requested", func(t *testing.T) {
@@ -438,7 +438,7 @@ func runSuite(t *testing.T, e *env, d dialer) {
 		body := []byte(fmt.Sprintf(`{"amount":3,"fingerprint":%q}`, fp))
 		res = do(t, d, post("/v1/accounts/acc-9/payouts/confirm", alice, body), func(map[string]string, []byte) upstreamReply { return upstreamReply{reset: true} })
 		require.Equal(t, 504, res.status)
-		require.Eventually(t, func() bool { rec, _ := e.record(t, nonce); return rec.State == state.StateUnknown }, 5*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { rec, _ := e.record(t, nonce); return rec.State == state.Unknown }, 5*time.Second, 10*time.Millisecond)
 		res = do(t, d, post("/v1/accounts/acc-9/payouts/confirm", alice, body), neverCalled(t))
 		b := requireEnvelope(t, res, 409, "needs_reconciliation", false)
 		require.Equal(t, "payout_status", b["poll_with"])
@@ -470,7 +470,7 @@ func runSuite(t *testing.T, e *env, d dialer) {
 		// interrupted: released lease on a downstream that honours keys
 		c := e.claimsOf(t, fp, alice, "payments.transfer")
 		ans := e.holdRecord(t, c, "payments.transfer", time.Hour)
-		_, err := e.store.Store.Release(t.Context(), state.Claim{Key: c.Nonce, Owner: "other-gateway", Fence: ans.Record.Fence})
+		_, err := e.store.Store.EndLease(t.Context(), state.Claim{Key: c.Nonce, Owner: "other-gateway", Fence: ans.Record.Fence})
 		require.NoError(t, err)
 		res = do(t, d, status(alice, fp), neverCalled(t))
 		body = requireEnvelope(t, res, 200, "not_started", false)

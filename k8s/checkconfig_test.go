@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc/config"
 )
 
@@ -75,18 +76,19 @@ func TestMountedConfigIsAcceptedByTheLoader(t *testing.T) {
 			objs := render(t, dir)
 			raw, loose := idemgateConfig(t, objs)
 			pod := idemgatePod(t, objs, base64.StdEncoding.EncodeToString(key))
-			rt, warnings, err := config.Parse(dir+"/idemgate.yaml", raw, "/etc/idemgate/config", pod.options())
+			cfg, warnings, err := settings.Parse(dir+"/idemgate.yaml", raw, "/etc/idemgate/config", pod.options())
 			require.NoError(t, err)
+			rt := cfg.Runtime
 			require.Empty(t, warnings)
-			require.Equal(t, loose.GRPCListen, rt.GRPCListen)
-			require.Equal(t, loose.AdminListen, rt.AdminListen)
+			require.Equal(t, loose.GRPCListen, cfg.GRPCListen)
+			require.Equal(t, loose.AdminListen, cfg.AdminListen)
 			require.Equal(t, time.Duration(loose.Store.Timeout), rt.Store.Timeout)
-			require.Equal(t, time.Duration(loose.Drain.Period), rt.Drain.Period)
-			require.Equal(t, time.Duration(loose.Drain.Timeout), rt.Drain.Timeout)
+			require.Equal(t, time.Duration(loose.Drain.Period), cfg.Drain.Period)
+			require.Equal(t, time.Duration(loose.Drain.Timeout), cfg.Drain.Timeout)
 			require.Equal(t, loose.Subject.Header, rt.Subject.Header)
-			require.Equal(t, "tiered", rt.Store.Backend())
-			require.Equal(t, pod.env["IDEMGATE_REDIS_PASSWORD"], rt.Store.Redis.Password.Reveal())
-			require.Equal(t, "env IDEMGATE_POSTGRES_DSN", rt.Store.Postgres.DSNSource)
+			require.Equal(t, "tiered", cfg.Store.Backend())
+			require.Equal(t, pod.env["IDEMGATE_REDIS_PASSWORD"], cfg.Store.Redis.Password.Reveal())
+			require.Equal(t, "env IDEMGATE_POSTGRES_DSN", cfg.Store.Postgres.DSNSource)
 		})
 	}
 }
@@ -97,7 +99,7 @@ func TestExampleKeyIsRefused(t *testing.T) {
 	objs := render(t, baseDir)
 	raw, _ := idemgateConfig(t, objs)
 	pod := idemgatePod(t, objs, "")
-	_, _, err := config.Parse("base/idemgate.yaml", raw, "/etc/idemgate/config", pod.options())
+	_, _, err := settings.Parse("base/idemgate.yaml", raw, "/etc/idemgate/config", pod.options())
 	require.Error(t, err)
 	t.Log(err)
 	require.Contains(t, err.Error(), "signing")

@@ -31,9 +31,9 @@ import (
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/envoy"
 	"github.com/idemgate/idemgate/envoy/envoytest"
-	"github.com/idemgate/idemgate/extproc/config"
 )
 
 // The Envoy Gateway overlay (k8s/envoy-gateway) is held to the invariants of
@@ -1150,11 +1150,11 @@ func TestEnvoyGatewayIdemgate(t *testing.T) {
 			require.NotEmpty(t, k.File, id)
 			files.files[k.File] = []byte(base64.StdEncoding.EncodeToString(key))
 		}
-		rt, warnings, err := config.Parse(egDir+"/idemgate.yaml", raw, "/etc/idemgate/config", files.options())
+		cfg, warnings, err := settings.Parse(egDir+"/idemgate.yaml", raw, "/etc/idemgate/config", files.options())
 		require.NoError(t, err)
 		require.Empty(t, warnings)
-		require.Equal(t, m.cfg.GRPCListen, rt.GRPCListen)
-		require.Equal(t, "tiered", rt.Store.Backend())
+		require.Equal(t, m.cfg.GRPCListen, cfg.GRPCListen)
+		require.Equal(t, "tiered", cfg.Store.Backend())
 	})
 }
 

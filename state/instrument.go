@@ -20,18 +20,21 @@ func (f ObserverFunc) ObserveStoreCall(backend, op string, took time.Duration, e
 	f(backend, op, took, err)
 }
 
-// Operation names reported to an Observer.
+// Operation names reported to an Observer (and used as span names by
+// Trace). EndLease and AbandonUnsent keep the names "release" and "abandon"
+// they were reported under before they were renamed, so dashboards and
+// alerts on them keep working.
 const (
-	OpAcquire     = "acquire"
-	OpComplete    = "complete"
-	OpRelease     = "release"
-	OpAbandon     = "abandon"
-	OpMarkUnknown = "mark_unknown"
-	OpTakeover    = "takeover"
-	OpGet         = "get"
-	OpResolve     = "resolve"
-	OpSweep       = "sweep"
-	OpPing        = "ping"
+	OpAcquire       = "acquire"
+	OpComplete      = "complete"
+	OpEndLease      = "release"
+	OpAbandonUnsent = "abandon"
+	OpMarkUnknown   = "mark_unknown"
+	OpTakeover      = "takeover"
+	OpGet           = "get"
+	OpResolve       = "resolve"
+	OpSweep         = "sweep"
+	OpPing          = "ping"
 )
 
 // Instrument wraps s so that every call except Close is reported to obs
@@ -67,17 +70,17 @@ func (i *instrumented) Complete(ctx context.Context, claim Claim, c Completion) 
 	return a, err
 }
 
-func (i *instrumented) Release(ctx context.Context, claim Claim) (Answer, error) {
+func (i *instrumented) EndLease(ctx context.Context, claim Claim) (Answer, error) {
 	start := time.Now()
-	a, err := i.s.Release(ctx, claim)
-	i.observe(OpRelease, start, err)
+	a, err := i.s.EndLease(ctx, claim)
+	i.observe(OpEndLease, start, err)
 	return a, err
 }
 
-func (i *instrumented) Abandon(ctx context.Context, claim Claim) (Answer, error) {
+func (i *instrumented) AbandonUnsent(ctx context.Context, claim Claim) (Answer, error) {
 	start := time.Now()
-	a, err := i.s.Abandon(ctx, claim)
-	i.observe(OpAbandon, start, err)
+	a, err := i.s.AbandonUnsent(ctx, claim)
+	i.observe(OpAbandonUnsent, start, err)
 	return a, err
 }
 

@@ -97,13 +97,13 @@ func (c Completion) Validate() error {
 
 // OutcomeOf is the outcome Acquire answers for an existing record whose
 // parameter hash matched.
-func OutcomeOf(s State) Outcome {
+func OutcomeOf(s RecordState) Outcome {
 	switch s {
-	case StateDone:
+	case Done:
 		return OutcomeDone
-	case StateFailed:
+	case Failed:
 		return OutcomeFailed
-	case StateUnknown:
+	case Unknown:
 		return OutcomeUnknown
 	default:
 		return OutcomeInFlight

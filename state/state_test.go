@@ -37,8 +37,8 @@ func TestInstrumentReportsEveryCall(t *testing.T) {
 	key := statetest.NewKey(t)
 	claim := state.Claim{Key: key, Owner: "o", Fence: 1}
 	_, _ = s.Acquire(ctx, statetest.AcquireRequest(key, "o"))
-	_, _ = s.Release(ctx, claim)
-	_, _ = s.Abandon(ctx, claim)
+	_, _ = s.EndLease(ctx, claim)
+	_, _ = s.AbandonUnsent(ctx, claim)
 	_, _ = s.Takeover(ctx, state.TakeoverRequest{Key: key, NewOwner: "p", Fence: 1, Lease: time.Minute})
 	_, _ = s.MarkUnknown(ctx, claim)
 	_, _ = s.Complete(ctx, claim, statetest.Done())
@@ -54,7 +54,7 @@ func TestInstrumentReportsEveryCall(t *testing.T) {
 		ops = append(ops, c.op)
 	}
 	require.Equal(t, []string{
-		state.OpAcquire, state.OpRelease, state.OpAbandon, state.OpTakeover, state.OpMarkUnknown, state.OpComplete,
+		state.OpAcquire, state.OpEndLease, state.OpAbandonUnsent, state.OpTakeover, state.OpMarkUnknown, state.OpComplete,
 		state.OpGet, state.OpResolve, state.OpSweep, state.OpPing, state.OpGet,
 	}, ops)
 	require.ErrorIs(t, badErr, state.ErrInvalidArgument)

@@ -2,15 +2,51 @@
 // that lets a confirm reach the upstream exactly once and lets every later
 // retry learn what happened.
 //
-// A record moves
+// Every transition a Store allows, with who may make it:
 //
-//	(absent) --Acquire--> IN_FLIGHT --Complete--> DONE | FAILED   (+result)
-//	                          |--Release------------> IN_FLIGHT, lease expired (next retry takes over)
-//	                          |--Abandon, fence 1---> (absent)   (the request never reached the upstream)
-//	                          |--Abandon, fence > 1-> IN_FLIGHT, lease expired (like Release)
-//	                          |--Takeover (lease expired, downstream idempotent)--> IN_FLIGHT, new owner, fence+1
-//	                          '--MarkUnknown (downstream not idempotent)----------> UNKNOWN
-//	UNKNOWN | IN_FLIGHT --Resolve (a person)--> DONE | FAILED
+//	(absent) --Acquire (anyone)--> IN_FLIGHT, fence 1, lease running
+//
+//	IN_FLIGHT --Complete (owner: same owner and fence)-------------> DONE | FAILED (+result)
+//	IN_FLIGHT --EndLease (owner)-----------------------------------> IN_FLIGHT, lease ended
+//	                                                                  (the next retry takes over)
+//	IN_FLIGHT --AbandonUnsent (owner), fence 1---------------------> (absent)
+//	IN_FLIGHT --AbandonUnsent (owner), fence > 1-------------------> IN_FLIGHT, lease ended (as EndLease)
+//	IN_FLIGHT --Takeover (anyone holding the fence, lease ended)---> IN_FLIGHT, new owner, fence+1
+//	IN_FLIGHT --MarkUnknown (owner; anyone holding the fence
+//	                         once the lease ended)-----------------> UNKNOWN
+//	IN_FLIGHT --Resolve (a person: idemgate ops resolve)-----------> DONE | FAILED (+result)
+//
+//	UNKNOWN   --Complete (the original owner, same owner and fence:
+//	                      its answer arrived after MarkUnknown)----> DONE | FAILED (+result)
+//	UNKNOWN   --Resolve (a person: idemgate ops resolve)-----------> DONE | FAILED (+result)
+//
+//	DONE | FAILED: final. No call changes them; retention removes them
+//	               (Sweep in PostgreSQL, key expiry in Redis and memory).
+//	IN_FLIGHT | UNKNOWN --ExpiresAt passes (Redis and memory only)--> (absent)
+//
+// Every other call is refused without change: NOT_OWNER, NOT_FOUND, or (for
+// Takeover) the answer Acquire would give. The tiered store's Redis cache
+// has two calls more, for Redis only (tiered.Cache): Repair overwrites the
+// Redis copy with PostgreSQL's record, and DropOrphan deletes a Redis
+// IN_FLIGHT claim that PostgreSQL does not hold, whatever its fence.
+//
+// Three calls give a claim back without a result; they differ in why, and
+// so in what is left:
+//   - EndLease: the upstream was called and its answer is ambiguous (5xx,
+//     timeout, reset), and the downstream honours idempotency keys. The
+//     record stays IN_FLIGHT with its lease ended, so the next retry takes
+//     it over and re-sends the same key. (A downstream that ignores keys
+//     gets MarkUnknown instead.)
+//   - AbandonUnsent: the upstream was never called (the reply letting the
+//     request through was not sent, or the Acquire or Takeover that made
+//     the claim failed after it may have been written). A fresh claim
+//     (fence 1) is deleted, so the next confirm acquires afresh, whatever
+//     the downstream does with keys; a taken-over claim (fence > 1: an
+//     earlier attempt may have executed) keeps its record and is ended like
+//     EndLease.
+//   - DropOrphan (tiered.Cache, Redis only): the tiered store deletes the
+//     Redis copy of a claim that PostgreSQL never got or has just deleted;
+//     PostgreSQL is not asked.
 //
 // Outcomes are values, not errors: an error from a Store always means the
 // backend failed and nothing can be said about the record. The package knows
@@ -22,11 +58,12 @@
 //     or retention, a non-terminal Completion state and a status outside
 //     100..599. Backend failures wrap ErrUnavailable.
 //   - A lease has expired when the backend's clock reads at or after
-//     LeaseUntil; Release sets LeaseUntil to that clock's now.
+//     LeaseUntil; EndLease sets LeaseUntil to that clock's now.
 //   - A record never expires while its lease runs: ExpiresAt is at least
 //     LeaseUntil (retention shorter than the lease is stretched).
-//   - Complete, Release and Abandon on an absent record answer NOT_OWNER
-//     with a zero Record; Takeover, MarkUnknown and Resolve answer NOT_FOUND.
+//   - Complete, EndLease and AbandonUnsent on an absent record answer
+//     NOT_OWNER with a zero Record; Takeover, MarkUnknown and Resolve answer
+//     NOT_FOUND.
 //   - Acquire by an owner id that already holds the record is IN_FLIGHT, not
 //     a second ACQUIRED: owner ids may repeat, only fences are unique.
 //   - Takeover carries no parameter hash; when it does not apply it answers
@@ -45,18 +82,19 @@ import (
 	"time"
 )
 
-// State is the stored state of a record.
-type State string
+// RecordState is where a record is in the state machine (the diagram
+// above). It is stored as its string, in Redis and PostgreSQL alike.
+type RecordState string
 
 const (
-	StateInFlight State = "IN_FLIGHT"
-	StateDone     State = "DONE"
-	StateFailed   State = "FAILED"
-	StateUnknown  State = "UNKNOWN"
+	InFlight RecordState = "IN_FLIGHT"
+	Done     RecordState = "DONE"
+	Failed   RecordState = "FAILED"
+	Unknown  RecordState = "UNKNOWN"
 )
 
 // Terminal reports whether s carries a final, replayable result.
-func (s State) Terminal() bool { return s == StateDone || s == StateFailed }
+func (s RecordState) Terminal() bool { return s == Done || s == Failed }
 
 // Outcome is the answer of a state-changing call.
 type Outcome string
@@ -79,8 +117,8 @@ const (
 	// OutcomeNotOwner: the caller is no longer the owner (or the fence moved,
 	// or the record is not in a state the call applies to); nothing was written.
 	OutcomeNotOwner Outcome = "NOT_OWNER"
-	// OutcomeOK: a Complete, Release, Abandon, MarkUnknown or Resolve was
-	// applied.
+	// OutcomeOK: a Complete, EndLease, AbandonUnsent, MarkUnknown or Resolve
+	// was applied.
 	OutcomeOK Outcome = "OK"
 	// OutcomeNotFound: Takeover, MarkUnknown or Resolve on an absent record.
 	OutcomeNotFound Outcome = "NOT_FOUND"
@@ -130,7 +168,7 @@ type Record struct {
 	Scope      string
 	SubjectTag string
 	ParamHash  string
-	State      State
+	State      RecordState
 	Owner      string
 	Fence      int64
 	LeaseUntil time.Time
@@ -179,7 +217,7 @@ type TakeoverRequest struct {
 
 // Completion is the terminal state and result written by Complete or Resolve.
 type Completion struct {
-	State     State // StateDone or StateFailed
+	State     RecordState // Done or Failed
 	Result    Result
 	Retention time.Duration // how long the terminal record is kept (ttl.terminal)
 }
@@ -207,23 +245,24 @@ type Store interface {
 	// Otherwise NOT_OWNER and nothing is written.
 	Complete(ctx context.Context, claim Claim, c Completion) (Answer, error)
 
-	// Release gives an IN_FLIGHT record back after an ambiguous outcome with a
-	// downstream that honours idempotency keys: the lease is ended at once so
-	// the next retry takes over and re-sends the same key. Owner and fence must
-	// match, else NOT_OWNER.
-	Release(ctx context.Context, claim Claim) (Answer, error)
+	// EndLease ends the lease of an IN_FLIGHT record at once, keeping the
+	// record: its owner calls it after an ambiguous upstream answer when the
+	// downstream honours idempotency keys, so the next retry takes over and
+	// re-sends the same key. Owner and fence must match, else NOT_OWNER and
+	// nothing changes.
+	EndLease(ctx context.Context, claim Claim) (Answer, error)
 
-	// Abandon gives back a claim whose request never reached the upstream:
-	// the reply that would have let it through was not sent, or the Acquire
-	// or Takeover that made it failed (a timeout after the backend may
-	// already have written it). Owner and fence must match an IN_FLIGHT
-	// record, else NOT_OWNER and nothing changes. A fresh claim (fence 1:
-	// no earlier attempt exists) is deleted, so the next confirm acquires
-	// afresh, whatever the downstream does with idempotency keys; the
-	// answer's Record is then zero. A claim made by a takeover (fence > 1:
-	// an earlier attempt may have executed) keeps its record and only ends
-	// its lease, exactly like Release.
-	Abandon(ctx context.Context, claim Claim) (Answer, error)
+	// AbandonUnsent gives back a claim whose request never reached the
+	// upstream: the reply that would have let it through was not sent, or
+	// the Acquire or Takeover that made it failed (a timeout after the
+	// backend may already have written it). Owner and fence must match an
+	// IN_FLIGHT record, else NOT_OWNER and nothing changes. A fresh claim
+	// (fence 1: no earlier attempt exists) is deleted, so the next confirm
+	// acquires afresh, whatever the downstream does with idempotency keys;
+	// the answer's Record is then zero. A claim made by a takeover (fence >
+	// 1: an earlier attempt may have executed) keeps its record and only
+	// ends its lease, exactly like EndLease.
+	AbandonUnsent(ctx context.Context, claim Claim) (Answer, error)
 
 	// MarkUnknown moves an IN_FLIGHT record to UNKNOWN: by its owner (same
 	// owner and fence) after an ambiguous outcome with a downstream that does

@@ -75,16 +75,16 @@ func (t *traced) Complete(ctx context.Context, claim Claim, c Completion) (Answe
 	return a, err
 }
 
-func (t *traced) Release(ctx context.Context, claim Claim) (Answer, error) {
-	ctx, span := t.start(ctx, OpRelease, claim.Key)
-	a, err := t.s.Release(ctx, claim)
+func (t *traced) EndLease(ctx context.Context, claim Claim) (Answer, error) {
+	ctx, span := t.start(ctx, OpEndLease, claim.Key)
+	a, err := t.s.EndLease(ctx, claim)
 	end(span, a.Outcome, err)
 	return a, err
 }
 
-func (t *traced) Abandon(ctx context.Context, claim Claim) (Answer, error) {
-	ctx, span := t.start(ctx, OpAbandon, claim.Key)
-	a, err := t.s.Abandon(ctx, claim)
+func (t *traced) AbandonUnsent(ctx context.Context, claim Claim) (Answer, error) {
+	ctx, span := t.start(ctx, OpAbandonUnsent, claim.Key)
+	a, err := t.s.AbandonUnsent(ctx, claim)
 	end(span, a.Outcome, err)
 	return a, err
 }

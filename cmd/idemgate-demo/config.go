@@ -5,6 +5,7 @@ import (
 
 	"github.com/goccy/go-yaml"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/envoy"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/fingerprint"
@@ -52,7 +53,7 @@ func demoConfigYAML() ([]byte, error) {
 // demo compiles the config itself too (idemgate compiles it again): to stop
 // with every problem listed before starting anything, and to sign the
 // printed expired fingerprint with the key idemgate verifies with.
-func demoConfig(lookupEnv func(string) (string, bool)) (data []byte, rt *config.Runtime, warns []*config.Problem, key, keySource string, err error) {
+func demoConfig(lookupEnv func(string) (string, bool)) (data []byte, cfg *settings.Settings, warns []*config.Problem, key, keySource string, err error) {
 	data, err = demoConfigYAML()
 	if err != nil {
 		return nil, nil, nil, "", "", err
@@ -71,9 +72,9 @@ func demoConfig(lookupEnv func(string) (string, bool)) (data []byte, rt *config.
 		}
 		return lookupEnv(name)
 	}
-	rt, warns, err = config.Parse(demoConfigName, data, ".", config.Options{LookupEnv: lookup})
+	cfg, warns, err = settings.Parse(demoConfigName, data, ".", config.Options{LookupEnv: lookup})
 	if err != nil {
 		return nil, nil, warns, "", "", fmt.Errorf("invalid config %s:\n%w", demoConfigName, err)
 	}
-	return data, rt, warns, key, keySource, nil
+	return data, cfg, warns, key, keySource, nil
 }

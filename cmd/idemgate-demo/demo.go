@@ -195,7 +195,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer, logge
 	if err != nil {
 		return err
 	}
-	cfg, rt, warns, key, keySource, err := demoConfig(os.LookupEnv)
+	cfg, demoSettings, warns, key, keySource, err := demoConfig(os.LookupEnv)
 	if err != nil {
 		return err
 	}
@@ -250,7 +250,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer, logge
 	logger.Info("envoy started", "pid", front.pid(), "version", version, "listener", front.ListenAddr, "admin", front.AdminAddr)
 
 	script, err := demoScript(scriptInfo{
-		rt: rt, keySource: keySource,
+		rt: demoSettings.Runtime, keySource: keySource,
 		envoyVersion: version, envoyBin: o.envoyBin,
 		frontURL: "http://" + loopbackDialable(front.ListenAddr), envoyAdminURL: "http://" + front.AdminAddr,
 		grpcAddr: idem.grpcAddr, idemgateAdmin: idem.adminAddr,

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/envoy"
 	"github.com/idemgate/idemgate/envoy/envoytest"
 	"github.com/idemgate/idemgate/extproc/config"
@@ -400,17 +401,19 @@ func TestDemoFingerprintExtraction(t *testing.T) {
 func TestDemoConfigIsTheShippedOneWithTheMemoryStore(t *testing.T) {
 	env := map[string]string{demoKeyEnv: testKey, "IDEMGATE_POSTGRES_DSN": "postgres://unused@127.0.0.1:1/x"}
 	lookup := func(name string) (string, bool) { v, ok := env[name]; return v, ok }
-	shipped, _, err := config.Parse("envoy/idemgate.yaml", envoy.IdemgateYAML(), ".", config.Options{LookupEnv: lookup})
+	shippedSettings, _, err := settings.Parse("envoy/idemgate.yaml", envoy.IdemgateYAML(), ".", config.Options{LookupEnv: lookup})
 	require.NoError(t, err)
-	_, demoRT, _, key, keySource, err := demoConfig(lookup)
+	shipped := shippedSettings.Runtime
+	_, demoSettings, _, key, keySource, err := demoConfig(lookup)
 	require.NoError(t, err)
+	demoRT := demoSettings.Runtime
 	require.Equal(t, "from "+demoKeyEnv, keySource)
 	require.Equal(t, testKey, key, "the key idemgate is started with")
 
-	require.Equal(t, "tiered", shipped.Store.Backend())
-	require.Equal(t, "memory", demoRT.Store.Backend())
-	require.Equal(t, config.LogSettings{Level: slog.LevelInfo, Format: "text"}, demoRT.Log)
-	require.Zero(t, demoRT.Drain.Period)
+	require.Equal(t, "tiered", shippedSettings.Store.Backend())
+	require.Equal(t, "memory", demoSettings.Store.Backend())
+	require.Equal(t, settings.LogSettings{Level: slog.LevelInfo, Format: "text"}, demoSettings.Log)
+	require.Zero(t, demoSettings.Drain.Period)
 	require.Equal(t, shipped.Subject, demoRT.Subject)
 	require.Equal(t, shipped.TTL, demoRT.TTL)
 	require.Equal(t, shipped.Limits, demoRT.Limits)
@@ -450,7 +453,8 @@ func TestDemoConfigIsTheShippedOneWithTheMemoryStore(t *testing.T) {
 
 	// Without it, a key is generated for the run.
 	delete(env, demoKeyEnv)
-	_, generated, _, key, keySource, err := demoConfig(lookup)
+	_, generatedSettings, _, key, keySource, err := demoConfig(lookup)
+	generated := generatedSettings.Runtime
 	require.NoError(t, err)
 	require.Contains(t, keySource, "generated for this run")
 	_, err = fingerprint.ParseKey(key)

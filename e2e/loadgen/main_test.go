@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/e2e/loadgen/driver"
 	"github.com/idemgate/idemgate/e2e/loadgen/report"
 	"github.com/idemgate/idemgate/extproc/config"
@@ -165,14 +166,15 @@ func TestIdemgateConfigIsAcceptedByTheStrictLoader(t *testing.T) {
 			tc.settings.GRPCListen, tc.settings.AdminListen = "127.0.0.1:50051", "127.0.0.1:9090"
 			yaml, err := renderIdemgateConfig(tc.settings)
 			require.NoError(t, err)
-			rt, problems, err := config.Parse("bench.yaml", yaml, t.TempDir(), config.Options{LookupEnv: env})
+			cfg, problems, err := settings.Parse("bench.yaml", yaml, t.TempDir(), config.Options{LookupEnv: env})
 			require.NoError(t, err, string(yaml))
+			rt := cfg.Runtime
 			for _, p := range problems {
 				t.Logf("warning: %v", p)
 			}
-			require.Equal(t, "127.0.0.1:50051", rt.GRPCListen)
-			require.Equal(t, tc.redis, rt.Store.Redis != nil)
-			require.Equal(t, tc.postgres, rt.Store.Postgres != nil)
+			require.Equal(t, "127.0.0.1:50051", cfg.GRPCListen)
+			require.Equal(t, tc.redis, cfg.Store.Redis != nil)
+			require.Equal(t, tc.postgres, cfg.Store.Postgres != nil)
 			require.Len(t, rt.Operations, 1)
 			op := rt.Operations[0]
 			require.Equal(t, scope, op.Scope)

@@ -1,12 +1,8 @@
 package config
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"io/fs"
-	"log/slog"
-	"net"
 	"net/url"
 	"path/filepath"
 	"regexp"
@@ -15,21 +11,17 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemgate/idemgate/extproc/envelope"
 	"github.com/idemgate/idemgate/extproc/route"
 	"github.com/idemgate/idemgate/fingerprint"
 )
 
-// Defaults (DESIGN section 6; README's Configuration section).
+// Defaults (DESIGN section 6; README's Configuration section). The process
+// settings' defaults (listeners, log, store backends, drain, tracing) are in
+// cmd/idemgate/settings.
 const (
-	DefaultGRPCListen       = ":50051"
-	DefaultAdminListen      = ":9090"
 	DefaultSubjectHeader    = "x-idemgate-subject"
 	DefaultStoreTimeout     = 250 * time.Millisecond
-	DefaultRedisTimeout     = 50 * time.Millisecond
-	DefaultRedisKeyPrefix   = "idem:"
 	DefaultFingerprintTTL   = 15 * time.Minute
 	DefaultInFlightTTL      = 2 * time.Minute
 	DefaultTerminalTTL      = 72 * time.Hour
@@ -38,14 +30,9 @@ const (
 	DefaultLanguage         = "en"
 	DefaultWebhookTimeout   = 2 * time.Second
 	DefaultWebhookQueue     = 1000
-	DefaultDrainPeriod      = 5 * time.Second
-	DefaultDrainTimeout     = 25 * time.Second
 	DefaultFingerprintField = "fingerprint"
 	DefaultDownstreamHeader = "idempotency-key"
 	DefaultPollAfter        = 2 * time.Second
-	// DefaultLogFormat is text, so that the literal event=security_alert of a
-	// security event is what a grep of the default log finds.
-	DefaultLogFormat = "text"
 )
 
 // storeTimeoutWarnAbove is where store.timeout starts to collide with the
@@ -66,6 +53,9 @@ type compiler struct {
 	baseDir string
 	errs    []error
 	warns   []*Problem
+	// languageOK: messages.language names a built-in catalogue, so
+	// envelopes can be compiled.
+	languageOK bool
 }
 
 func p(segs ...any) []any { return segs }
@@ -82,72 +72,91 @@ func (c *compiler) warnf(path []any, format string, args ...any) {
 	c.warns = append(c.warns, c.d.problem(path, format, args...))
 }
 
-// duration parses a Go duration; "" gives def. Zero is allowed only when
-// allowZero; negative never.
-func (c *compiler) duration(path []any, s string, def time.Duration, allowZero bool) time.Duration {
+// DurationRule says what a duration setting accepts: "" gives Default, zero
+// only with AllowZero, a negative duration never.
+type DurationRule struct {
+	Default   time.Duration
+	AllowZero bool
+}
+
+// duration parses a Go duration under rule r.
+func (c *compiler) duration(path []any, s string, r DurationRule) time.Duration {
 	if s == "" {
-		return def
+		return r.Default
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
 		c.errorf(path, "invalid duration %q: use a Go duration such as 250ms, 15m or 72h", s)
-		return def
+		return r.Default
 	}
-	if d < 0 || (d == 0 && !allowZero) {
-		if allowZero {
+	if d < 0 || (d == 0 && !r.AllowZero) {
+		if r.AllowZero {
 			c.errorf(path, "must not be negative, got %s", s)
 		} else {
 			c.errorf(path, "must be positive, got %s", s)
 		}
-		return def
+		return r.Default
 	}
 	return d
 }
 
-// secret reads a value from an environment variable or a file; exactly one
-// of env and file must be given unless both may be empty (optional). what
-// names the secret in messages. It never puts the value in a message. With
-// Options.Offline the reference is checked but not followed, and stand-in
-// (a well-formed value that is never a real secret) is returned instead.
-func (c *compiler) secret(path []any, what, envKey, env, fileKey, file string, optional bool, standIn string) (value, source string, ok bool) {
-	if c.opts.Offline && (env == "") != (file == "") {
-		if env != "" {
-			return standIn, "env " + env + " (not read: offline check)", true
+// SecretRef is where a secret is read from: the environment variable Env,
+// written under the key EnvKey, or the file File, written under FileKey.
+// Exactly one must be given unless Optional (then neither is fine). What
+// names the secret in messages. With Options.Offline the reference is
+// checked but not followed, and StandIn (a well-formed value that is never
+// a real secret) is returned instead.
+type SecretRef struct {
+	What     string
+	EnvKey   string
+	Env      string
+	FileKey  string
+	File     string
+	Optional bool
+	StandIn  string
+}
+
+// secret reads the secret ref names, reporting problems at path. It never
+// puts the value in a message.
+func (c *compiler) secret(path []any, ref SecretRef) (value, source string, ok bool) {
+	if c.opts.Offline && (ref.Env == "") != (ref.File == "") {
+		if ref.Env != "" {
+			return ref.StandIn, "env " + ref.Env + " (not read: offline check)", true
 		}
-		return standIn, "file " + file + " (not read: offline check)", true
+		return ref.StandIn, "file " + ref.File + " (not read: offline check)", true
 	}
 	switch {
-	case env != "" && file != "":
-		c.errorf(path, "set only one of %s and %s", envKey, fileKey)
+	case ref.Env != "" && ref.File != "":
+		c.errorf(path, "set only one of %s and %s", ref.EnvKey, ref.FileKey)
 		return "", "", false
-	case env == "" && file == "":
-		if !optional {
-			c.errorf(path, "set one of %s or %s (the %s is never written in the config itself)", envKey, fileKey, what)
+	case ref.Env == "" && ref.File == "":
+		if !ref.Optional {
+			c.errorf(path, "set one of %s or %s (the %s is never written in the config itself)", ref.EnvKey, ref.FileKey, ref.What)
 		}
-		return "", "", optional
-	case env != "":
-		v, found := c.opts.LookupEnv(env)
+		return "", "", ref.Optional
+	case ref.Env != "":
+		v, found := c.opts.LookupEnv(ref.Env)
 		if !found {
-			c.errorf(append(clonePath(path), envKey), "environment variable %s (the %s) is not set", env, what)
+			c.errorf(append(clonePath(path), ref.EnvKey), "environment variable %s (the %s) is not set", ref.Env, ref.What)
 			return "", "", false
 		}
 		v = strings.TrimSpace(v)
 		if v == "" {
-			c.errorf(append(clonePath(path), envKey), "environment variable %s (the %s) is empty", env, what)
+			c.errorf(append(clonePath(path), ref.EnvKey), "environment variable %s (the %s) is empty", ref.Env, ref.What)
 			return "", "", false
 		}
-		return v, "env " + env, true
+		return v, "env " + ref.Env, true
 	default:
-		data, ok := c.readFile(path, fileKey, what, file)
+		data, ok := c.readFile(path, ref.FileKey, ref.What, ref.File)
 		if !ok {
 			return "", "", false
 		}
 		v := strings.TrimSpace(string(data))
 		if v == "" {
-			c.errorf(append(clonePath(path), fileKey), "%s file %s is empty", what, file)
+			c.errorf(append(clonePath(path), ref.FileKey), "%s file %s is empty", ref.What, ref.File)
 			return "", "", false
 		}
-		return v, "file " + file, true
+		return v, "file " + ref.File, true
 	}
 }
 
@@ -172,37 +181,16 @@ func (c *compiler) readFile(path []any, key, what, file string) ([]byte, bool) {
 
 func (c *compiler) compile(f *File) *Runtime {
 	rt := &Runtime{}
-	rt.GRPCListen = c.listen(p("grpc_listen"), f.GRPCListen, DefaultGRPCListen)
-	rt.AdminListen = c.listen(p("admin_listen"), f.AdminListen, DefaultAdminListen)
-	if rt.GRPCListen == rt.AdminListen {
-		c.errorf(p("admin_listen"), "must differ from grpc_listen (%s)", rt.GRPCListen)
-	}
-	rt.Log = c.log(f.Log)
 	rt.Keys, rt.KeySources = c.signing(f.Signing)
 	rt.Subject = c.subject(f.Subject)
-	rt.Store = c.store(f.Store)
+	rt.Store = c.storeCalls(f.Store)
 	rt.TTL = c.ttl(f.TTL)
 	rt.Limits = c.limits(f.Limits)
-	rt.Language = f.Messages.Language
-	if rt.Language == "" {
-		rt.Language = DefaultLanguage
-	}
-	languageOK := false
-	for _, l := range envelope.Languages() {
-		languageOK = languageOK || l == rt.Language
-	}
-	if !languageOK {
-		c.errorf(p("messages", "language"), "unknown language %q (known: %s)", rt.Language, strings.Join(envelope.Languages(), ", "))
-	}
+	rt.Language = c.language(f.Messages)
 	rt.Webhook = c.webhook(f.Security.Webhook)
-	rt.Drain = DrainSettings{
-		Period:  c.duration(p("drain", "period"), f.Drain.Period, DefaultDrainPeriod, true),
-		Timeout: c.duration(p("drain", "timeout"), f.Drain.Timeout, DefaultDrainTimeout, false),
-	}
-	rt.Tracing = c.tracing(f.Tracing)
-	rt.Operations, rt.Routes = c.operations(f.Operations, rt, languageOK)
+	rt.Operations, rt.Routes = c.operations(f.Operations, rt)
 	rt.MCPEndpoints = c.mcpEndpoints(rt.Operations, rt.Routes)
-	if languageOK {
+	if c.languageOK {
 		set, err := envelope.Compile(rt.Language, nil, envelope.Operation{MaxBodyBytes: rt.Limits.MaxBodyBytes})
 		if err != nil {
 			c.errorf(p("messages"), "%v", err)
@@ -212,35 +200,28 @@ func (c *compiler) compile(f *File) *Runtime {
 	return rt
 }
 
-func (c *compiler) listen(path []any, s, def string) string {
-	if s == "" {
-		return def
+// language is messages.language; it sets c.languageOK.
+func (c *compiler) language(m Messages) string {
+	lang := m.Language
+	if lang == "" {
+		lang = DefaultLanguage
 	}
-	if _, port, err := net.SplitHostPort(s); err != nil || port == "" {
-		c.errorf(path, "invalid listen address %q: use host:port or :port", s)
+	for _, l := range envelope.Languages() {
+		c.languageOK = c.languageOK || l == lang
 	}
-	return s
+	if !c.languageOK {
+		c.errorf(p("messages", "language"), "unknown language %q (known: %s)", lang, strings.Join(envelope.Languages(), ", "))
+	}
+	return lang
 }
 
-func (c *compiler) log(l Log) LogSettings {
-	out := LogSettings{Level: slog.LevelInfo, Format: DefaultLogFormat}
-	switch l.Level {
-	case "", "info":
-	case "debug":
-		out.Level = slog.LevelDebug
-	case "warn":
-		out.Level = slog.LevelWarn
-	case "error":
-		out.Level = slog.LevelError
-	default:
-		c.errorf(p("log", "level"), "unknown level %q (known: debug, info, warn, error)", l.Level)
-	}
-	switch l.Format {
-	case "":
-	case "text", "json":
-		out.Format = l.Format
-	default:
-		c.errorf(p("log", "format"), "unknown format %q (known: text, json)", l.Format)
+// storeCalls is store.timeout: the deadline of every store call the server
+// makes. (store.redis and store.postgres, the backends, are process
+// settings: cmd/idemgate/settings.)
+func (c *compiler) storeCalls(s StoreCalls) StoreCallSettings {
+	out := StoreCallSettings{Timeout: c.duration(p("store", "timeout"), s.Timeout, DurationRule{Default: DefaultStoreTimeout})}
+	if out.Timeout > storeTimeoutWarnAbove {
+		c.warnf(p("store", "timeout"), "%s is long: Envoy's message_timeout (1s in the shipped config) must cover up to two store calls per confirm", out.Timeout)
 	}
 	return out
 }
@@ -280,7 +261,7 @@ func (c *compiler) signing(s *Signing) (*fingerprint.KeyRing, map[string]string)
 			ok = false
 			continue
 		}
-		text, from, found := c.secret(path, "signing key", "env", src.Env, "file", src.File, false, offlineKey)
+		text, from, found := c.secret(path, SecretRef{What: "signing key", EnvKey: "env", Env: src.Env, FileKey: "file", File: src.File, StandIn: offlineKey})
 		if !found {
 			ok = false
 			continue
@@ -355,152 +336,11 @@ func (c *compiler) subject(s *Subject) SubjectSource {
 	return out
 }
 
-// redisTLS compiles store.redis.tls. TLS 1.2 is the floor; the server is
-// always verified (there is deliberately no way to skip it: the store holds
-// who paid whom). Offline, the files are named but not read.
-func (c *compiler) redisTLS(t RedisTLS) *TLSSettings {
-	path := p("store", "redis", "tls")
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
-	summary := []string{"tls"}
-	if (t.CertFile == "") != (t.KeyFile == "") {
-		c.errorf(path, "set both cert_file and key_file (a client certificate) or neither")
-	}
-	if t.CAFile == "" {
-		summary = append(summary, "system roots")
-	} else {
-		summary = append(summary, "ca "+t.CAFile)
-		if data, ok := c.readTLSFile(path, "ca_file", "Redis CA", t.CAFile); ok {
-			cfg.RootCAs = x509.NewCertPool()
-			if !cfg.RootCAs.AppendCertsFromPEM(data) {
-				c.errorf(append(clonePath(path), "ca_file"), "%s holds no PEM certificate", t.CAFile)
-			}
-		}
-	}
-	if t.CertFile != "" && t.KeyFile != "" {
-		summary = append(summary, "client cert "+t.CertFile)
-		certPEM, certOK := c.readTLSFile(path, "cert_file", "Redis client certificate", t.CertFile)
-		keyPEM, keyOK := c.readTLSFile(path, "key_file", "Redis client key", t.KeyFile)
-		if certOK && keyOK {
-			cert, err := tls.X509KeyPair(certPEM, keyPEM)
-			if err != nil {
-				c.errorf(append(clonePath(path), "cert_file"), "cert_file and key_file are not a certificate and its key: %v", err)
-			} else {
-				cfg.Certificates = []tls.Certificate{cert}
-			}
-		}
-	}
-	if t.ServerName != "" {
-		summary = append(summary, "server name "+t.ServerName)
-	}
-	return &TLSSettings{Config: cfg, Summary: strings.Join(summary, ", ")}
-}
-
-// readTLSFile is readFile, except that an offline check only names the file.
-func (c *compiler) readTLSFile(path []any, key, what, file string) ([]byte, bool) {
-	if c.opts.Offline {
-		return nil, false
-	}
-	return c.readFile(path, key, what, file)
-}
-
-func (c *compiler) store(s Store) StoreSettings {
-	out := StoreSettings{Timeout: c.duration(p("store", "timeout"), s.Timeout, DefaultStoreTimeout, false)}
-	if out.Timeout > storeTimeoutWarnAbove {
-		c.warnf(p("store", "timeout"), "%s is long: Envoy's message_timeout (1s in the shipped config) must cover up to two store calls per confirm", out.Timeout)
-	}
-	if r := s.Redis; r != nil {
-		rs := &RedisSettings{Addrs: r.Addrs, Mode: r.Mode, MasterName: r.MasterName, Username: r.Username, KeyPrefix: DefaultRedisKeyPrefix}
-		if len(r.Addrs) == 0 {
-			c.errorf(p("store", "redis", "addrs"), "required: at least one host:port")
-		}
-		for i, a := range r.Addrs {
-			if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
-				c.errorf(p("store", "redis", "addrs", i), "invalid address %q: use host:port", a)
-			}
-		}
-		switch r.Mode {
-		case "":
-			rs.Mode = "single"
-		case "single", "cluster", "sentinel":
-		default:
-			c.errorf(p("store", "redis", "mode"), "unknown mode %q (known: single, cluster, sentinel)", r.Mode)
-		}
-		if rs.Mode == "sentinel" && r.MasterName == "" {
-			c.errorf(p("store", "redis", "master_name"), "required when mode is sentinel")
-		}
-		if rs.Mode != "sentinel" && r.MasterName != "" {
-			c.errorf(p("store", "redis", "master_name"), "only used when mode is sentinel")
-		}
-		if r.KeyPrefix != nil {
-			rs.KeyPrefix = *r.KeyPrefix
-		}
-		if strings.ContainsAny(rs.KeyPrefix, "{}") {
-			c.errorf(p("store", "redis", "key_prefix"), "must not contain { or }: idemgate adds the {nonce} hash tag itself")
-		}
-		if r.DB != nil {
-			rs.DB = *r.DB
-			if rs.DB < 0 {
-				c.errorf(p("store", "redis", "db"), "must not be negative")
-			}
-			if rs.DB != 0 && rs.Mode == "cluster" {
-				c.errorf(p("store", "redis", "db"), "Redis Cluster only has db 0")
-			}
-		}
-		if pw, _, ok := c.secret(p("store", "redis"), "Redis password", "password_env", r.PasswordEnv, "password_file", r.PasswordFile, true, "offline"); ok {
-			rs.Password = NewSecret(pw)
-		}
-		if r.TLS != nil {
-			rs.TLS = c.redisTLS(*r.TLS)
-		}
-		rs.Timeout = c.duration(p("store", "redis", "timeout"), r.Timeout, DefaultRedisTimeout, false)
-		if rs.Timeout > out.Timeout {
-			c.warnf(p("store", "redis", "timeout"), "%s is longer than store.timeout (%s): a slow Redis would use up the whole budget before PostgreSQL is asked", rs.Timeout, out.Timeout)
-		}
-		out.Redis = rs
-	}
-	if pg := s.Postgres; pg != nil {
-		ps := &PostgresSettings{}
-		set := 0
-		for _, v := range []string{pg.DSN, pg.DSNEnv, pg.DSNFile} {
-			if v != "" {
-				set++
-			}
-		}
-		switch {
-		case set != 1:
-			c.errorf(p("store", "postgres"), "set exactly one of dsn, dsn_env and dsn_file")
-		case pg.DSN != "":
-			ps.DSN, ps.DSNSource = NewSecret(pg.DSN), "inline"
-		default:
-			if v, from, ok := c.secret(p("store", "postgres"), "PostgreSQL DSN", "dsn_env", pg.DSNEnv, "dsn_file", pg.DSNFile, false, "postgres://offline@localhost/offline"); ok {
-				ps.DSN, ps.DSNSource = NewSecret(v), from
-			}
-		}
-		if !ps.DSN.IsZero() {
-			if _, err := pgx.ParseConfig(ps.DSN.Reveal()); err != nil {
-				// pgx's message may quote the DSN, password included: say only where it came from.
-				c.errorf(p("store", "postgres"), "invalid PostgreSQL DSN (from %s; not shown because it may hold a password)", ps.DSNSource)
-			}
-		}
-		if pg.MaxConns != nil {
-			ps.MaxConns = *pg.MaxConns
-			if ps.MaxConns < 0 {
-				c.errorf(p("store", "postgres", "max_conns"), "must not be negative (0 lets idemgate size the pool)")
-			}
-		}
-		out.Postgres = ps
-	}
-	if out.Redis != nil && out.Postgres == nil {
-		c.warnf(p("store", "redis"), "Redis without PostgreSQL: Redis is not a system of record; a failover or flush can forget completed operations and let them execute again")
-	}
-	return out
-}
-
 func (c *compiler) ttl(t TTL) TTLSettings {
 	out := TTLSettings{
-		Fingerprint: c.duration(p("ttl", "fingerprint"), t.Fingerprint, DefaultFingerprintTTL, false),
-		InFlight:    c.duration(p("ttl", "in_flight"), t.InFlight, DefaultInFlightTTL, false),
-		Terminal:    c.duration(p("ttl", "terminal"), t.Terminal, DefaultTerminalTTL, false),
+		Fingerprint: c.duration(p("ttl", "fingerprint"), t.Fingerprint, DurationRule{Default: DefaultFingerprintTTL}),
+		InFlight:    c.duration(p("ttl", "in_flight"), t.InFlight, DurationRule{Default: DefaultInFlightTTL}),
+		Terminal:    c.duration(p("ttl", "terminal"), t.Terminal, DurationRule{Default: DefaultTerminalTTL}),
 	}
 	if out.Terminal <= out.Fingerprint {
 		c.errorf(p("ttl", "terminal"), "%s must be longer than ttl.fingerprint (%s): a record must outlive every fingerprint that can reach it, or a late confirm would execute again", out.Terminal, out.Fingerprint)
@@ -533,7 +373,7 @@ func (c *compiler) limits(l Limits) LimitSettings {
 func (c *compiler) webhook(w Webhook) WebhookSettings {
 	out := WebhookSettings{
 		URL:       w.URL,
-		Timeout:   c.duration(p("security", "webhook", "timeout"), w.Timeout, DefaultWebhookTimeout, false),
+		Timeout:   c.duration(p("security", "webhook", "timeout"), w.Timeout, DurationRule{Default: DefaultWebhookTimeout}),
 		QueueSize: DefaultWebhookQueue,
 	}
 	if w.URL != "" {
@@ -561,186 +401,242 @@ func printable(s string) bool {
 	return true
 }
 
-func (c *compiler) operations(ops []OperationSpec, rt *Runtime, languageOK bool) ([]*Operation, *route.Table[Target]) {
+// opIndex is what the operations know about each other while they compile:
+// the names, scopes and routes already taken, and the route table entries.
+type opIndex struct {
+	names   map[string]int
+	scopes  map[string]int
+	routes  map[string][]any // method + shape → path of the first route
+	entries []route.Entry[Target]
+}
+
+func (c *compiler) operations(ops []OperationSpec, rt *Runtime) ([]*Operation, *route.Table[Target]) {
 	if len(ops) == 0 {
 		c.errorf(p("operations"), "required: at least one operation")
 		return nil, nil
 	}
-	names := map[string]int{}
-	scopes := map[string]int{}
-	routes := map[string][]any{} // method + shape → path of the first route
-	var entries []route.Entry[Target]
+	idx := &opIndex{names: map[string]int{}, scopes: map[string]int{}, routes: map[string][]any{}}
 	out := make([]*Operation, 0, len(ops))
 	for i := range ops {
-		o := &ops[i]
-		base := p("operations", i)
-		at := func(segs ...any) []any { return append(clonePath(base), segs...) }
-		op := &Operation{Name: o.Name, Scope: o.Scope, PreviewTool: o.PreviewTool, StatusTool: o.StatusTool}
-
-		switch {
-		case o.Name == "":
-			c.errorf(at("name"), "required")
-		case !opNamePattern.MatchString(o.Name):
-			c.errorf(at("name"), "%q must be 1-64 characters of A-Z a-z 0-9 _ . -", o.Name)
-		default:
-			if first, dup := names[o.Name]; dup {
-				c.errorf(at("name"), "duplicate operation name %q (first used by operations[%d])", o.Name, first)
-			} else {
-				names[o.Name] = i
-			}
-		}
-		switch {
-		case o.Scope == "":
-			c.errorf(at("scope"), "required: the string that binds a fingerprint to this operation")
-		case !printable(o.Scope):
-			c.errorf(at("scope"), "must not contain control characters")
-		default:
-			if first, dup := scopes[o.Scope]; dup {
-				c.errorf(at("scope"), "duplicate scope %q (first used by operations[%d]): a fingerprint of one operation would confirm the other", o.Scope, first)
-			} else {
-				scopes[o.Scope] = i
-			}
-		}
-		for _, r := range []struct {
-			key  string
-			spec *RouteSpec
-			dst  *Route
-			kind Kind
-		}{
-			{"preview", o.Preview, &op.Preview, KindPreview},
-			{"confirm", o.Confirm, &op.Confirm, KindConfirm},
-			{"status", o.Status, &op.Status, KindStatus},
-		} {
-			if o.MCP != nil {
-				if r.spec != nil {
-					c.errorf(at(r.key), "an operation is either HTTP routes or mcp, not both: remove %s (the MCP endpoint carries preview, confirm and status)", r.key)
-				}
-				continue
-			}
-			if r.spec == nil {
-				c.errorf(at(r.key), "required: {method: POST, path: /...}")
-				continue
-			}
-			okRoute := true
-			method := strings.ToUpper(r.spec.Method)
-			switch {
-			case r.spec.Method == "":
-				c.errorf(at(r.key, "method"), "required")
-				okRoute = false
-			case !methodPattern.MatchString(method):
-				c.errorf(at(r.key, "method"), "invalid HTTP method %q", r.spec.Method)
-				okRoute = false
-			}
-			var tmpl route.Template
-			if r.spec.Path == "" {
-				c.errorf(at(r.key, "path"), "required")
-				okRoute = false
-			} else if t, err := route.ParseTemplate(r.spec.Path); err != nil {
-				c.errorf(at(r.key, "path"), "invalid path template %q: %v", r.spec.Path, err)
-				okRoute = false
-			} else {
-				tmpl = t
-			}
-			if !okRoute {
-				continue
-			}
-			*r.dst = Route{Method: method, Template: tmpl}
-			key := method + " " + tmpl.Shape()
-			if first, dup := routes[key]; dup {
-				c.errorf(at(r.key, "path"), "route %s %s matches the same requests as %s", method, r.spec.Path, pathString(first))
-				continue
-			}
-			routes[key] = at(r.key)
-			entries = append(entries, route.Entry[Target]{Method: method, Path: r.spec.Path, Value: Target{Op: op, Kind: r.kind}})
-		}
-		if o.MCP != nil {
-			c.mcpTools(op, o, at)
-		} else if o.PreviewTool == "" {
-			c.errorf(at("preview_tool"), "required: the tool name the agent calls to preview (used in instructions)")
-		} else if !toolNamePattern.MatchString(o.PreviewTool) {
-			c.errorf(at("preview_tool"), "invalid tool name %q", o.PreviewTool)
-		}
-		if o.MCP != nil {
-			// Checked by mcpTools.
-		} else if o.StatusTool == "" {
-			c.errorf(at("status_tool"), "required: the tool name the agent polls for the result (used in instructions)")
-		} else if !toolNamePattern.MatchString(o.StatusTool) {
-			c.errorf(at("status_tool"), "invalid tool name %q", o.StatusTool)
-		}
-
-		op.FingerprintField = DefaultFingerprintField
-		if o.FingerprintField != nil {
-			op.FingerprintField = *o.FingerprintField
-			if op.FingerprintField == "" || !printable(op.FingerprintField) {
-				c.errorf(at("fingerprint_field"), "must be a non-empty JSON field name")
-			}
-		}
-		op.ExpiresAtField = op.FingerprintField + "_expires_at"
-		c.params(op, o, at, rt)
-
-		if o.ResultRef != "" {
-			op.ResultRefPath = o.ResultRef
-			op.ResultRef = strings.Split(o.ResultRef, ".")
-			for _, seg := range op.ResultRef {
-				if seg == "" {
-					c.errorf(at("result_ref"), "invalid path %q: empty segment", o.ResultRef)
-					break
-				}
-			}
-		}
-		op.DownstreamHeader = DefaultDownstreamHeader
-		if h := o.DownstreamIdempotencyHeader; h != nil {
-			op.DownstreamHeader = strings.ToLower(*h)
-			if *h != "" && !validHeaderName(*h) {
-				c.errorf(at("downstream_idempotency_header"), "invalid header name %q (an empty string means the downstream ignores idempotency keys)", *h)
-			}
-		}
-		switch o.Replay {
-		case "", "envelope":
-			op.Replay = ReplayEnvelope
-		case "raw":
-			op.Replay = ReplayRaw
-		default:
-			c.errorf(at("replay"), "unknown replay mode %q (known: envelope, raw)", o.Replay)
-		}
-		if o.UpstreamTimeout != "" {
-			op.UpstreamTimeout = c.duration(at("upstream_timeout"), o.UpstreamTimeout, 0, false)
-		}
-		if o.UpstreamRetries != nil {
-			op.UpstreamRetries = *o.UpstreamRetries
-			switch {
-			case op.UpstreamRetries < 0:
-				c.errorf(at("upstream_retries"), "must not be negative")
-			case o.UpstreamTimeout == "":
-				c.warnf(at("upstream_retries"), "has no effect without upstream_timeout")
-			}
-		}
-		if budget := op.UpstreamTimeout * time.Duration(1+max(op.UpstreamRetries, 0)); op.UpstreamTimeout > 0 && rt.TTL.InFlight <= budget {
-			c.warnf(at("upstream_timeout"), "ttl.in_flight (%s) should exceed upstream_timeout × (1 + upstream_retries) = %s: a confirm still running when its lease ends can be taken over or marked unknown while the upstream is working on it", rt.TTL.InFlight, budget)
-		}
-		op.PollAfter = c.duration(at("poll_after"), o.PollAfter, DefaultPollAfter, false)
-		op.Outcomes = c.outcomes(o.Outcomes, at)
-		if o.MCP != nil {
-			c.mcpOperation(op, o, at)
-		}
-
-		op.Overrides = c.overrides(o.Messages, at)
-		if languageOK {
-			set, err := envelope.Compile(rt.Language, op.Overrides, envelope.Operation{
-				PreviewTool: op.PreviewTool, StatusTool: op.StatusTool, PollAfter: op.PollAfter, MaxBodyBytes: rt.Limits.MaxBodyBytes,
-			})
-			if err != nil {
-				c.errorf(at("messages"), "%v", err)
-			}
-			op.Envelopes = set
-		}
-		out = append(out, op)
+		out = append(out, c.operation(i, &ops[i], idx, rt))
 	}
-	table, err := route.NewTable(entries)
+	table, err := route.NewTable(idx.entries)
 	if err != nil {
 		c.errorf(p("operations"), "%v", err)
 	}
 	return out, table
+}
+
+// operation compiles operations[i], one concern after another.
+func (c *compiler) operation(i int, o *OperationSpec, idx *opIndex, rt *Runtime) *Operation {
+	base := p("operations", i)
+	at := func(segs ...any) []any { return append(clonePath(base), segs...) }
+	op := &Operation{Name: o.Name, Scope: o.Scope, PreviewTool: o.PreviewTool, StatusTool: o.StatusTool}
+	c.identity(i, o, idx, at)
+	c.routes(op, o, idx, at)
+	c.tools(op, o, at)
+	c.fingerprintField(op, o, at)
+	c.params(op, o, at, rt)
+	c.resultRef(op, o, at)
+	c.confirmExecution(op, o, at, rt)
+	op.PollAfter = c.duration(at("poll_after"), o.PollAfter, DurationRule{Default: DefaultPollAfter})
+	op.Outcomes = c.outcomes(o.Outcomes, at)
+	if o.MCP != nil {
+		c.mcpOperation(op, o, at)
+	}
+	c.envelopes(op, o, at, rt)
+	return op
+}
+
+// identity checks the operation's name and scope, each unique.
+func (c *compiler) identity(i int, o *OperationSpec, idx *opIndex, at func(...any) []any) {
+	switch {
+	case o.Name == "":
+		c.errorf(at("name"), "required")
+	case !opNamePattern.MatchString(o.Name):
+		c.errorf(at("name"), "%q must be 1-64 characters of A-Z a-z 0-9 _ . -", o.Name)
+	default:
+		if first, dup := idx.names[o.Name]; dup {
+			c.errorf(at("name"), "duplicate operation name %q (first used by operations[%d])", o.Name, first)
+		} else {
+			idx.names[o.Name] = i
+		}
+	}
+	switch {
+	case o.Scope == "":
+		c.errorf(at("scope"), "required: the string that binds a fingerprint to this operation")
+	case !printable(o.Scope):
+		c.errorf(at("scope"), "must not contain control characters")
+	default:
+		if first, dup := idx.scopes[o.Scope]; dup {
+			c.errorf(at("scope"), "duplicate scope %q (first used by operations[%d]): a fingerprint of one operation would confirm the other", o.Scope, first)
+		} else {
+			idx.scopes[o.Scope] = i
+		}
+	}
+}
+
+// routes compiles the preview, confirm and status routes of an HTTP
+// operation (an MCP operation must have none) and enters them in the table.
+func (c *compiler) routes(op *Operation, o *OperationSpec, idx *opIndex, at func(...any) []any) {
+	for _, r := range []struct {
+		key  string
+		spec *RouteSpec
+		dst  *Route
+		kind Kind
+	}{
+		{"preview", o.Preview, &op.Preview, KindPreview},
+		{"confirm", o.Confirm, &op.Confirm, KindConfirm},
+		{"status", o.Status, &op.Status, KindStatus},
+	} {
+		if o.MCP != nil {
+			if r.spec != nil {
+				c.errorf(at(r.key), "an operation is either HTTP routes or mcp, not both: remove %s (the MCP endpoint carries preview, confirm and status)", r.key)
+			}
+			continue
+		}
+		if r.spec == nil {
+			c.errorf(at(r.key), "required: {method: POST, path: /...}")
+			continue
+		}
+		rt, ok := c.route(r.spec, at(r.key))
+		if !ok {
+			continue
+		}
+		*r.dst = rt
+		key := rt.Method + " " + rt.Template.Shape()
+		if first, dup := idx.routes[key]; dup {
+			c.errorf(at(r.key, "path"), "route %s %s matches the same requests as %s", rt.Method, r.spec.Path, pathString(first))
+			continue
+		}
+		idx.routes[key] = at(r.key)
+		idx.entries = append(idx.entries, route.Entry[Target]{Method: rt.Method, Path: r.spec.Path, Value: Target{Op: op, Kind: r.kind}})
+	}
+}
+
+// route compiles one method and path template written at path.
+func (c *compiler) route(spec *RouteSpec, path []any) (Route, bool) {
+	at := func(key string) []any { return append(clonePath(path), key) }
+	ok := true
+	method := strings.ToUpper(spec.Method)
+	switch {
+	case spec.Method == "":
+		c.errorf(at("method"), "required")
+		ok = false
+	case !methodPattern.MatchString(method):
+		c.errorf(at("method"), "invalid HTTP method %q", spec.Method)
+		ok = false
+	}
+	var tmpl route.Template
+	if spec.Path == "" {
+		c.errorf(at("path"), "required")
+		ok = false
+	} else if t, err := route.ParseTemplate(spec.Path); err != nil {
+		c.errorf(at("path"), "invalid path template %q: %v", spec.Path, err)
+		ok = false
+	} else {
+		tmpl = t
+	}
+	return Route{Method: method, Template: tmpl}, ok
+}
+
+// tools checks the tool names the envelopes mention: preview_tool and
+// status_tool of an HTTP operation, the mcp block of an MCP one.
+func (c *compiler) tools(op *Operation, o *OperationSpec, at func(...any) []any) {
+	if o.MCP != nil {
+		c.mcpTools(op, o, at)
+		return
+	}
+	if o.PreviewTool == "" {
+		c.errorf(at("preview_tool"), "required: the tool name the agent calls to preview (used in instructions)")
+	} else if !toolNamePattern.MatchString(o.PreviewTool) {
+		c.errorf(at("preview_tool"), "invalid tool name %q", o.PreviewTool)
+	}
+	if o.StatusTool == "" {
+		c.errorf(at("status_tool"), "required: the tool name the agent polls for the result (used in instructions)")
+	} else if !toolNamePattern.MatchString(o.StatusTool) {
+		c.errorf(at("status_tool"), "invalid tool name %q", o.StatusTool)
+	}
+}
+
+// fingerprintField is the body field that carries the fingerprint, and the
+// field beside it that says when it expires.
+func (c *compiler) fingerprintField(op *Operation, o *OperationSpec, at func(...any) []any) {
+	op.FingerprintField = DefaultFingerprintField
+	if o.FingerprintField != nil {
+		op.FingerprintField = *o.FingerprintField
+		if op.FingerprintField == "" || !printable(op.FingerprintField) {
+			c.errorf(at("fingerprint_field"), "must be a non-empty JSON field name")
+		}
+	}
+	op.ExpiresAtField = op.FingerprintField + "_expires_at"
+}
+
+// resultRef is the dotted path a replay names the result by.
+func (c *compiler) resultRef(op *Operation, o *OperationSpec, at func(...any) []any) {
+	if o.ResultRef == "" {
+		return
+	}
+	op.ResultRefPath = o.ResultRef
+	op.ResultRef = strings.Split(o.ResultRef, ".")
+	for _, seg := range op.ResultRef {
+		if seg == "" {
+			c.errorf(at("result_ref"), "invalid path %q: empty segment", o.ResultRef)
+			break
+		}
+	}
+}
+
+// confirmExecution is how the confirm reaches the upstream and is replayed:
+// the idempotency header, the replay mode and the upstream's time budget,
+// which the lease (ttl.in_flight) must outlast.
+func (c *compiler) confirmExecution(op *Operation, o *OperationSpec, at func(...any) []any, rt *Runtime) {
+	op.DownstreamHeader = DefaultDownstreamHeader
+	if h := o.DownstreamIdempotencyHeader; h != nil {
+		op.DownstreamHeader = strings.ToLower(*h)
+		if *h != "" && !validHeaderName(*h) {
+			c.errorf(at("downstream_idempotency_header"), "invalid header name %q (an empty string means the downstream ignores idempotency keys)", *h)
+		}
+	}
+	switch o.Replay {
+	case "", "envelope":
+		op.Replay = ReplayEnvelope
+	case "raw":
+		op.Replay = ReplayRaw
+	default:
+		c.errorf(at("replay"), "unknown replay mode %q (known: envelope, raw)", o.Replay)
+	}
+	if o.UpstreamTimeout != "" {
+		op.UpstreamTimeout = c.duration(at("upstream_timeout"), o.UpstreamTimeout, DurationRule{})
+	}
+	if o.UpstreamRetries != nil {
+		op.UpstreamRetries = *o.UpstreamRetries
+		switch {
+		case op.UpstreamRetries < 0:
+			c.errorf(at("upstream_retries"), "must not be negative")
+		case o.UpstreamTimeout == "":
+			c.warnf(at("upstream_retries"), "has no effect without upstream_timeout")
+		}
+	}
+	if budget := op.UpstreamTimeout * time.Duration(1+max(op.UpstreamRetries, 0)); op.UpstreamTimeout > 0 && rt.TTL.InFlight <= budget {
+		c.warnf(at("upstream_timeout"), "ttl.in_flight (%s) should exceed upstream_timeout × (1 + upstream_retries) = %s: a confirm still running when its lease ends can be taken over or marked unknown while the upstream is working on it", rt.TTL.InFlight, budget)
+	}
+}
+
+// envelopes compiles the operation's message overrides and, when the
+// language is known, its envelope set.
+func (c *compiler) envelopes(op *Operation, o *OperationSpec, at func(...any) []any, rt *Runtime) {
+	op.Overrides = c.overrides(o.Messages, at)
+	if !c.languageOK {
+		return
+	}
+	set, err := envelope.Compile(rt.Language, op.Overrides, envelope.Operation{
+		PreviewTool: op.PreviewTool, StatusTool: op.StatusTool, PollAfter: op.PollAfter, MaxBodyBytes: rt.Limits.MaxBodyBytes,
+	})
+	if err != nil {
+		c.errorf(at("messages"), "%v", err)
+	}
+	op.Envelopes = set
 }
 
 func (c *compiler) params(op *Operation, o *OperationSpec, at func(...any) []any, rt *Runtime) {

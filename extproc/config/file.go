@@ -1,6 +1,11 @@
-// Package config reads idemgate.yaml strictly and compiles it, once, into the
-// runtime form the server uses: route templates, param selectors, the signing
-// key ring, per-operation envelopes and resolved store settings.
+// Package config reads the ext_proc server's part of idemgate.yaml strictly
+// and compiles it, once, into the runtime form the server uses: route
+// templates, param selectors, the signing key ring, per-operation envelopes
+// and the settings of request handling (subject, store call timeout, TTLs,
+// limits, messages, the security webhook). The process settings of the same
+// file (listeners, log, store backends and their TLS, drain, tracing) belong
+// to the binary: cmd/idemgate/settings reads them from the same node tree
+// (ParseDocument), so users keep one file and one strict check.
 //
 // Strictness: an unknown key, a value of the wrong kind, a bad duration, a
 // missing secret — every problem is reported together (errors.Join of
@@ -8,38 +13,28 @@
 // example ttl.in_flight not longer than an operation's upstream time budget,
 // which DESIGN section 8 says check-config "warns" about) do not stop serving.
 //
-// Secrets (signing keys, the Redis password, the PostgreSQL DSN) are read from
-// environment variables or files named in the config, never from the YAML
-// itself, and the types holding them print [REDACTED].
+// Secrets (signing keys here; the Redis password and the PostgreSQL DSN in
+// the settings package, through Checker.Secret) are read from environment
+// variables or files named in the config, never from the YAML itself.
 package config
 
 import (
 	"github.com/goccy/go-yaml/ast"
 )
 
-// File is idemgate.yaml as written (the schema of DESIGN section 6; every
-// key in README's Configuration section). Durations are Go duration
-// strings; pointers mark optional values whose zero is meaningful or invalid.
+// File is this package's part of idemgate.yaml as written (the schema of
+// DESIGN section 6; README's Configuration section has every key, the
+// process settings' too). Durations are Go duration strings; pointers mark
+// optional values whose zero is meaningful or invalid.
 type File struct {
-	GRPCListen  string          `yaml:"grpc_listen"`
-	AdminListen string          `yaml:"admin_listen"`
-	Log         Log             `yaml:"log"`
-	Signing     *Signing        `yaml:"signing"`
-	Subject     *Subject        `yaml:"subject"`
-	Store       Store           `yaml:"store"`
-	TTL         TTL             `yaml:"ttl"`
-	Limits      Limits          `yaml:"limits"`
-	Messages    Messages        `yaml:"messages"`
-	Security    Security        `yaml:"security"`
-	Drain       Drain           `yaml:"drain"`
-	Tracing     Tracing         `yaml:"tracing"`
-	Operations  []OperationSpec `yaml:"operations"`
-}
-
-// Log selects the log level (debug|info|warn|error) and format (text|json).
-type Log struct {
-	Level  string `yaml:"level"`
-	Format string `yaml:"format"`
+	Signing    *Signing        `yaml:"signing"`
+	Subject    *Subject        `yaml:"subject"`
+	Store      StoreCalls      `yaml:"store"`
+	TTL        TTL             `yaml:"ttl"`
+	Limits     Limits          `yaml:"limits"`
+	Messages   Messages        `yaml:"messages"`
+	Security   Security        `yaml:"security"`
+	Operations []OperationSpec `yaml:"operations"`
 }
 
 // Signing names the active key and every key that verifies.
@@ -68,49 +63,11 @@ type MetadataSubject struct {
 	Path      string `yaml:"path"`
 }
 
-// Store configures the backends; omitting both Redis and Postgres selects the
-// embedded memory store.
-type Store struct {
-	Timeout  string    `yaml:"timeout"`
-	Redis    *Redis    `yaml:"redis"`
-	Postgres *Postgres `yaml:"postgres"`
-}
-
-// Redis is the fast-path store.
-type Redis struct {
-	Addrs        []string  `yaml:"addrs"`
-	Mode         string    `yaml:"mode"`
-	MasterName   string    `yaml:"master_name"`
-	KeyPrefix    *string   `yaml:"key_prefix"`
-	Username     string    `yaml:"username"`
-	PasswordEnv  string    `yaml:"password_env"`
-	PasswordFile string    `yaml:"password_file"`
-	DB           *int      `yaml:"db"`
-	Timeout      string    `yaml:"timeout"`
-	TLS          *RedisTLS `yaml:"tls"`
-}
-
-// RedisTLS turns on TLS to Redis (managed Redis services require it). An
-// empty block, tls: {}, verifies the server against the system roots.
-type RedisTLS struct {
-	// CAFile holds the PEM certificates that sign the server's; empty: the
-	// system roots.
-	CAFile string `yaml:"ca_file"`
-	// CertFile and KeyFile are a client certificate and its key, for a
-	// Redis that asks for one (tls-auth-clients yes).
-	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
-	// ServerName overrides the name verified in the server's certificate
-	// (default: the host of each address).
-	ServerName string `yaml:"server_name"`
-}
-
-// Postgres is the store of record; exactly one of DSN, DSNEnv, DSNFile.
-type Postgres struct {
-	DSN      string `yaml:"dsn"`
-	DSNEnv   string `yaml:"dsn_env"`
-	DSNFile  string `yaml:"dsn_file"`
-	MaxConns *int   `yaml:"max_conns"`
+// StoreCalls is this package's key of the store section: how long each
+// store call the server makes may take. The backends (store.redis,
+// store.postgres) are process settings.
+type StoreCalls struct {
+	Timeout string `yaml:"timeout"`
 }
 
 // TTL holds the three lifetimes of DESIGN section 3 / seed section 六.
@@ -141,13 +98,6 @@ type Webhook struct {
 	URL       string `yaml:"url"`
 	Timeout   string `yaml:"timeout"`
 	QueueSize *int   `yaml:"queue_size"`
-}
-
-// Drain is the SIGTERM sequence: NOT_SERVING for Period, then GracefulStop
-// bounded by Timeout.
-type Drain struct {
-	Period  string `yaml:"period"`
-	Timeout string `yaml:"timeout"`
 }
 
 // OperationSpec is one money-moving operation as written: its three routes,

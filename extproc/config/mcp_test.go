@@ -61,7 +61,7 @@ func TestMCPOperation(t *testing.T) {
 	require.True(t, ok)
 
 	var b strings.Builder
-	require.NoError(t, rt.WriteSummary(&b))
+	require.NoError(t, rt.WriteSummary(&b, ProcessSummary{}))
 	s := b.String()
 	require.Contains(t, s, "mcp      POST /mcp (tools/list: transfer_confirm gains a required fingerprint argument, transfer_status is added)")
 	require.Contains(t, s, "confirm  tool transfer_confirm  sends idempotency-key and params._meta[\"io.idemgate/idempotency-key\"], once per fingerprint")

@@ -1,9 +1,6 @@
 package config
 
 import (
-	"crypto/tls"
-	"encoding/json"
-	"log/slog"
 	"time"
 
 	"github.com/idemgate/idemgate/extproc/envelope"
@@ -11,51 +8,20 @@ import (
 	"github.com/idemgate/idemgate/fingerprint"
 )
 
-// Secret is a string that must never be printed: logs, %v and JSON all show
-// [REDACTED]. Reveal returns the value for the one place that needs it.
-type Secret struct{ value string }
-
-// NewSecret wraps s.
-func NewSecret(s string) Secret { return Secret{value: s} }
-
-// Reveal returns the secret value.
-func (s Secret) Reveal() string { return s.value }
-
-// IsZero reports whether the secret is empty.
-func (s Secret) IsZero() bool { return s.value == "" }
-
-const redacted = "[REDACTED]"
-
-// String implements fmt.Stringer.
-func (s Secret) String() string { return redacted }
-
-// GoString implements fmt.GoStringer.
-func (s Secret) GoString() string { return redacted }
-
-// LogValue implements slog.LogValuer.
-func (s Secret) LogValue() slog.Value { return slog.StringValue(redacted) }
-
-// MarshalJSON implements json.Marshaler.
-func (s Secret) MarshalJSON() ([]byte, error) { return []byte(`"` + redacted + `"`), nil }
-
-// Runtime is the compiled configuration. It is immutable after Load.
+// Runtime is the compiled configuration of the ext_proc server. It is
+// immutable after Load.
 type Runtime struct {
 	// Source is the file the runtime was compiled from.
-	Source      string
-	GRPCListen  string
-	AdminListen string
-	Log         LogSettings
-	Keys        *fingerprint.KeyRing
+	Source string
+	Keys   *fingerprint.KeyRing
 	// KeySources describes where each key came from (for the summary; no material).
 	KeySources map[string]string
 	Subject    SubjectSource
-	Store      StoreSettings
+	Store      StoreCallSettings
 	TTL        TTLSettings
 	Limits     LimitSettings
 	Language   string
 	Webhook    WebhookSettings
-	Drain      DrainSettings
-	Tracing    TracingSettings
 	Operations []*Operation
 	// Routes maps method + path to an operation's route.
 	Routes *route.Table[Target]
@@ -67,12 +33,6 @@ type Runtime struct {
 	Envelopes *envelope.Set
 }
 
-// LogSettings is the logger configuration.
-type LogSettings struct {
-	Level  slog.Level
-	Format string // "text" or "json"
-}
-
 // SubjectSource is where the subject is read: a header, or a dynamic
 // metadata namespace and path.
 type SubjectSource struct {
@@ -81,61 +41,10 @@ type SubjectSource struct {
 	MetadataPath      []string
 }
 
-// StoreSettings are the resolved store settings (secrets read).
-type StoreSettings struct {
-	Timeout  time.Duration
-	Redis    *RedisSettings
-	Postgres *PostgresSettings
-}
-
-// Backend names the store configuration: memory, redis, postgres or tiered.
-func (s StoreSettings) Backend() string {
-	switch {
-	case s.Redis != nil && s.Postgres != nil:
-		return "tiered"
-	case s.Redis != nil:
-		return "redis"
-	case s.Postgres != nil:
-		return "postgres"
-	}
-	return "memory"
-}
-
-// RedisSettings configures the Redis client.
-type RedisSettings struct {
-	Addrs      []string
-	Mode       string // single|cluster|sentinel
-	MasterName string
-	KeyPrefix  string
-	Username   string
-	Password   Secret
-	DB         int
-	Timeout    time.Duration
-	TLS        *TLSSettings // nil: plain TCP
-}
-
-// TLSSettings is a compiled client TLS configuration. It logs and marshals
-// as its summary, never as the key material it holds.
-type TLSSettings struct {
-	Config  *tls.Config
-	Summary string
-}
-
-// String implements fmt.Stringer, for %v.
-func (t *TLSSettings) String() string { return t.Summary }
-
-// LogValue implements slog.LogValuer.
-func (t *TLSSettings) LogValue() slog.Value { return slog.StringValue(t.Summary) }
-
-// MarshalJSON implements json.Marshaler.
-func (t *TLSSettings) MarshalJSON() ([]byte, error) { return json.Marshal(t.Summary) }
-
-// PostgresSettings configures the PostgreSQL pool.
-type PostgresSettings struct {
-	DSN Secret
-	// DSNSource says where the DSN came from ("inline", "env NAME", "file PATH").
-	DSNSource string
-	MaxConns  int
+// StoreCallSettings bound the store calls the server makes.
+type StoreCallSettings struct {
+	// Timeout is the deadline of each call (store.timeout).
+	Timeout time.Duration
 }
 
 // TTLSettings are the three lifetimes.
@@ -156,12 +65,6 @@ type WebhookSettings struct {
 	URL       string
 	Timeout   time.Duration
 	QueueSize int
-}
-
-// DrainSettings is the SIGTERM sequence.
-type DrainSettings struct {
-	Period  time.Duration
-	Timeout time.Duration
 }
 
 // Kind is which of an operation's routes a request hit.
@@ -251,6 +154,6 @@ type Operation struct {
 }
 
 // HonoursKeys reports whether the downstream deduplicates by the
-// idempotency key, which decides Release versus MarkUnknown after an
+// idempotency key, which decides EndLease versus MarkUnknown after an
 // ambiguous outcome.
 func (o *Operation) HonoursKeys() bool { return o.DownstreamHeader != "" }

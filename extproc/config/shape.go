@@ -197,9 +197,25 @@ func structFields(t reflect.Type) map[string]reflect.Type {
 	return m
 }
 
-func knownKeys(t reflect.Type) string {
+// overlaidFields is the yaml key → field types of several schemas of one
+// mapping: a key is known when any of them knows it, and its value is
+// checked against every schema that knows it.
+func overlaidFields(ts []reflect.Type) map[string][]reflect.Type {
+	m := map[string][]reflect.Type{}
+	for _, t := range ts {
+		if t.Kind() != reflect.Struct {
+			continue
+		}
+		for k, ft := range structFields(t) {
+			m[k] = append(m[k], ft)
+		}
+	}
+	return m
+}
+
+func knownKeys(fields map[string][]reflect.Type) string {
 	var keys []string
-	for k := range structFields(t) {
+	for k := range fields {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
@@ -209,7 +225,9 @@ func knownKeys(t reflect.Type) string {
 var paramType = reflect.TypeOf(Param{})
 
 // shapeCheck walks the document against the schema types and reports every
-// unknown key and every value of the wrong kind. The YAML decoder stops at
+// unknown key and every value of the wrong kind. Several schemas may describe
+// one mapping (the top level, and store, are shared by this package and the
+// binary's settings): they are overlaid. The YAML decoder stops at
 // the first problem; this walk is what lets check-config list all of them.
 // typeErrors counts the wrong-kind problems (after which decoding is not
 // attempted, since the decoder would only repeat the first one).
@@ -220,18 +238,23 @@ type shapeCheck struct {
 	typeErrors int
 }
 
-func (c *shapeCheck) walk(node ast.Node, t reflect.Type, path []any) {
+func (c *shapeCheck) walk(node ast.Node, path []any, schemas ...reflect.Type) {
 	node = unwrap(node)
-	if node == nil {
+	if node == nil || len(schemas) == 0 {
 		return
 	}
 	switch node.(type) {
 	case *ast.NullNode, *ast.AliasNode:
 		return // absent, or a reference the decoder resolves
 	}
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
+	ts := make([]reflect.Type, len(schemas))
+	for i, t := range schemas {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		ts[i] = t
 	}
+	t := ts[0]
 	if t == paramType {
 		if isScalar(node) {
 			return
@@ -240,7 +263,7 @@ func (c *shapeCheck) walk(node ast.Node, t reflect.Type, path []any) {
 			c.wrongKind(path, "must be a param path or a mapping {path, type}")
 			return
 		}
-		c.walk(node, reflect.TypeOf(paramMapping{}), path)
+		c.walk(node, path, reflect.TypeOf(paramMapping{}))
 		return
 	}
 	switch t.Kind() {
@@ -252,7 +275,7 @@ func (c *shapeCheck) walk(node ast.Node, t reflect.Type, path []any) {
 			}
 			return
 		}
-		fields := structFields(t)
+		fields := overlaidFields(ts)
 		for _, mv := range values {
 			if _, merge := mv.Key.(*ast.MergeKeyNode); merge {
 				continue
@@ -262,10 +285,10 @@ func (c *shapeCheck) walk(node ast.Node, t reflect.Type, path []any) {
 			if !ok {
 				c.unknown++
 				c.problems = append(c.problems, c.d.problemAt(append(clonePath(path), key), true,
-					"unknown key %q (known keys: %s)", key, knownKeys(t)))
+					"unknown key %q (known keys: %s)", key, knownKeys(fields)))
 				continue
 			}
-			c.walk(mv.Value, ft, append(clonePath(path), key))
+			c.walk(mv.Value, append(clonePath(path), key), ft...)
 		}
 	case reflect.Map:
 		values := mappingValues(node)
@@ -276,7 +299,7 @@ func (c *shapeCheck) walk(node ast.Node, t reflect.Type, path []any) {
 			return
 		}
 		for _, mv := range values {
-			c.walk(mv.Value, t.Elem(), append(clonePath(path), scalarText(mv.Key)))
+			c.walk(mv.Value, append(clonePath(path), scalarText(mv.Key)), t.Elem())
 		}
 	case reflect.Slice:
 		seq, ok := node.(*ast.SequenceNode)
@@ -285,7 +308,7 @@ func (c *shapeCheck) walk(node ast.Node, t reflect.Type, path []any) {
 			return
 		}
 		for i, v := range seq.Values {
-			c.walk(v, t.Elem(), append(clonePath(path), i))
+			c.walk(v, append(clonePath(path), i), t.Elem())
 		}
 	case reflect.String:
 		if !isScalar(node) {

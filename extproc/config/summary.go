@@ -7,14 +7,32 @@ import (
 	"strings"
 )
 
-// WriteSummary prints a one-screen overview of rt for check-config: listen
-// addresses, store, keys by id and source (never material), TTLs, limits and
-// every operation's routes, params and replay settings.
-func (rt *Runtime) WriteSummary(w io.Writer) error {
+// ProcessSummary is the process settings' part of the check-config
+// overview, as text, from the binary's settings package; a field left empty
+// leaves its line (or its part of a line) out.
+type ProcessSummary struct {
+	Listen  string // listen:  the gRPC and admin listeners
+	Store   string // store:   backends and timeouts
+	Log     string // on the limits line: level and format
+	Drain   string // on the webhook line: the SIGTERM sequence
+	Tracing string // tracing: the exporter
+}
+
+// WriteSummary prints a one-screen overview of the file rt was compiled
+// from for check-config: listen addresses, store, keys by id and source
+// (never material), TTLs, limits and every operation's routes, params and
+// replay settings; proc adds the process settings where they belong.
+func (rt *Runtime) WriteSummary(w io.Writer, proc ProcessSummary) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "config OK: %s\n", rt.Source)
-	fmt.Fprintf(&b, "listen:     grpc %s, admin %s\n", rt.GRPCListen, rt.AdminListen)
-	fmt.Fprintf(&b, "store:      %s\n", rt.storeSummary())
+	if proc.Listen != "" {
+		fmt.Fprintf(&b, "listen:     %s\n", proc.Listen)
+	}
+	store := proc.Store
+	if store == "" {
+		store = "timeout " + rt.Store.Timeout.String()
+	}
+	fmt.Fprintf(&b, "store:      %s\n", store)
 	ids := make([]string, 0, len(rt.KeySources))
 	for id := range rt.KeySources {
 		ids = append(ids, id)
@@ -35,14 +53,23 @@ func (rt *Runtime) WriteSummary(w io.Writer) error {
 		fmt.Fprintf(&b, "subject:    metadata %s %s\n", rt.Subject.MetadataNamespace, strings.Join(rt.Subject.MetadataPath, "."))
 	}
 	fmt.Fprintf(&b, "ttl:        fingerprint %s, in_flight %s, terminal %s\n", rt.TTL.Fingerprint, rt.TTL.InFlight, rt.TTL.Terminal)
-	fmt.Fprintf(&b, "limits:     body %d bytes, JSON depth %d; messages %s; log %s %s\n",
-		rt.Limits.MaxBodyBytes, rt.Limits.MaxJSONDepth, rt.Language, strings.ToLower(rt.Log.Level.String()), rt.Log.Format)
+	fmt.Fprintf(&b, "limits:     body %d bytes, JSON depth %d; messages %s", rt.Limits.MaxBodyBytes, rt.Limits.MaxJSONDepth, rt.Language)
+	if proc.Log != "" {
+		fmt.Fprintf(&b, "; log %s", proc.Log)
+	}
+	b.WriteByte('\n')
 	webhook := "off"
 	if rt.Webhook.URL != "" {
 		webhook = fmt.Sprintf("%s (timeout %s, queue %d)", rt.Webhook.URL, rt.Webhook.Timeout, rt.Webhook.QueueSize)
 	}
-	fmt.Fprintf(&b, "webhook:    %s; drain %s then stop within %s\n", webhook, rt.Drain.Period, rt.Drain.Timeout)
-	fmt.Fprintf(&b, "tracing:    %s\n", rt.Tracing.summary())
+	fmt.Fprintf(&b, "webhook:    %s", webhook)
+	if proc.Drain != "" {
+		fmt.Fprintf(&b, "; drain %s", proc.Drain)
+	}
+	b.WriteByte('\n')
+	if proc.Tracing != "" {
+		fmt.Fprintf(&b, "tracing:    %s\n", proc.Tracing)
+	}
 	fmt.Fprintf(&b, "operations: %d\n", len(rt.Operations))
 	for _, op := range rt.Operations {
 		fmt.Fprintf(&b, "  %s (scope %s)\n", op.Name, op.Scope)
@@ -86,36 +113,4 @@ func (rt *Runtime) WriteSummary(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
-}
-
-func (rt *Runtime) storeSummary() string {
-	s := rt.Store
-	var parts []string
-	switch s.Backend() {
-	case "memory":
-		return fmt.Sprintf("memory (embedded: one process only, records lost on restart), timeout %s", s.Timeout)
-	case "tiered":
-		parts = append(parts, "tiered (Redis fast path, PostgreSQL truth)")
-	default:
-		parts = append(parts, s.Backend())
-	}
-	if r := s.Redis; r != nil {
-		pw := ""
-		if !r.Password.IsZero() {
-			pw = ", password set"
-		}
-		if r.TLS != nil {
-			pw += ", " + r.TLS.Summary
-		}
-		parts = append(parts, fmt.Sprintf("redis %s %s prefix %q db %d timeout %s%s", r.Mode, strings.Join(r.Addrs, ","), r.KeyPrefix, r.DB, r.Timeout, pw))
-	}
-	if pg := s.Postgres; pg != nil {
-		conns := "sized by idemgate"
-		if pg.MaxConns > 0 {
-			conns = fmt.Sprintf("max %d conns", pg.MaxConns)
-		}
-		parts = append(parts, fmt.Sprintf("postgres (DSN %s, %s)", pg.DSNSource, conns))
-	}
-	parts = append(parts, "timeout "+s.Timeout.String())
-	return strings.Join(parts, "; ")
 }

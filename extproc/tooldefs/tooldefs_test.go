@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/envelope"
 	"github.com/idemgate/idemgate/fingerprint"
@@ -26,9 +27,11 @@ const shippedConfig = "../../envoy/idemgate.yaml"
 
 func load(t *testing.T, path string) *config.Runtime {
 	t.Helper()
-	rt, _, err := config.Load(path, config.Options{Offline: true})
+	// A whole idemgate.yaml: the binary's settings read it, and hand the
+	// ext_proc part over.
+	cfg, _, err := settings.Load(path, config.Options{Offline: true})
 	require.NoError(t, err)
-	return rt
+	return cfg.Runtime
 }
 
 // parse compiles a config whose operations section is ops.

@@ -126,7 +126,7 @@ func (s *Store) Acquire(ctx context.Context, req state.AcquireRequest) (state.An
 		Scope:      req.Scope,
 		SubjectTag: req.SubjectTag,
 		ParamHash:  req.ParamHash,
-		State:      state.StateInFlight,
+		State:      state.InFlight,
 		Owner:      req.Owner,
 		Fence:      1,
 		LeaseUntil: leaseUntil,
@@ -155,7 +155,7 @@ func finish(rec *state.Record, c state.Completion, now time.Time) {
 // the states given; otherwise it answers NOT_OWNER (with the record when
 // there is one) and changes nothing. change reports whether it deleted the
 // record.
-func (s *Store) ownerCall(ctx context.Context, op string, claim state.Claim, states []state.State, change func(rec *state.Record, now time.Time) (deleted bool)) (state.Answer, error) {
+func (s *Store) ownerCall(ctx context.Context, op string, claim state.Claim, states []state.RecordState, change func(rec *state.Record, now time.Time) (deleted bool)) (state.Answer, error) {
 	if err := claim.Validate(); err != nil {
 		return state.Answer{}, err
 	}
@@ -179,8 +179,8 @@ func (s *Store) ownerCall(ctx context.Context, op string, claim state.Claim, sta
 }
 
 var (
-	inFlight          = []state.State{state.StateInFlight}
-	inFlightOrUnknown = []state.State{state.StateInFlight, state.StateUnknown}
+	inFlight          = []state.RecordState{state.InFlight}
+	inFlightOrUnknown = []state.RecordState{state.InFlight, state.Unknown}
 )
 
 // endLease ends rec's lease now: the next retry may take over.
@@ -201,15 +201,15 @@ func (s *Store) Complete(ctx context.Context, claim state.Claim, c state.Complet
 	})
 }
 
-// Release implements state.Store.
-func (s *Store) Release(ctx context.Context, claim state.Claim) (state.Answer, error) {
-	return s.ownerCall(ctx, "release", claim, inFlight, endLease)
+// EndLease implements state.Store.
+func (s *Store) EndLease(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	return s.ownerCall(ctx, "end lease", claim, inFlight, endLease)
 }
 
-// Abandon implements state.Store: a fresh claim (fence 1) is deleted, a
-// takeover's lease ended (an earlier attempt may have executed).
-func (s *Store) Abandon(ctx context.Context, claim state.Claim) (state.Answer, error) {
-	return s.ownerCall(ctx, "abandon", claim, inFlight, func(rec *state.Record, now time.Time) bool {
+// AbandonUnsent implements state.Store: a fresh claim (fence 1) is deleted,
+// a takeover's lease ended (an earlier attempt may have executed).
+func (s *Store) AbandonUnsent(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	return s.ownerCall(ctx, "abandon unsent", claim, inFlight, func(rec *state.Record, now time.Time) bool {
 		if rec.Fence == 1 {
 			return true
 		}
@@ -232,10 +232,10 @@ func (s *Store) MarkUnknown(ctx context.Context, claim state.Claim) (state.Answe
 		return state.Answer{Outcome: state.OutcomeNotFound}, nil
 	}
 	expired := !now.Before(rec.LeaseUntil)
-	if rec.State != state.StateInFlight || rec.Fence != claim.Fence || (rec.Owner != claim.Owner && !expired) {
+	if rec.State != state.InFlight || rec.Fence != claim.Fence || (rec.Owner != claim.Owner && !expired) {
 		return state.Answer{Outcome: state.OutcomeNotOwner, Record: view(rec, now)}, nil
 	}
-	rec.State = state.StateUnknown
+	rec.State = state.Unknown
 	rec.UpdatedAt = now
 	return state.Answer{Outcome: state.OutcomeOK, Record: view(rec, now)}, nil
 }
@@ -254,7 +254,7 @@ func (s *Store) Takeover(ctx context.Context, req state.TakeoverRequest) (state.
 	if rec == nil {
 		return state.Answer{Outcome: state.OutcomeNotFound}, nil
 	}
-	if rec.State != state.StateInFlight || rec.Fence != req.Fence || now.Before(rec.LeaseUntil) {
+	if rec.State != state.InFlight || rec.Fence != req.Fence || now.Before(rec.LeaseUntil) {
 		return state.Answer{Outcome: state.OutcomeOf(rec.State), Record: view(rec, now)}, nil
 	}
 	rec.Owner = req.NewOwner

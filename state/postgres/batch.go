@@ -80,7 +80,11 @@ type stmt struct {
 	key  string
 	sql  string
 	args []any
+	// lead: the row starts with an "inserted" column before recordCols.
 	lead bool
+	// batchable: the statement may share a batch with others (when
+	// batching is on); otherwise it is always sent on its own.
+	batchable bool
 }
 
 // row is a statement's answer.
@@ -114,8 +118,8 @@ func (b *batcher) close() { b.q.Close() }
 // query runs one statement through a batch and returns its row. It returns
 // the caller's context error as soon as that context ends, and errRunAlone
 // when the statement must be sent on its own.
-func (b *batcher) query(ctx context.Context, key, sql string, lead bool, args ...any) (inserted bool, rec state.Record, err error) {
-	r, err := b.q.Do(ctx, stmt{key: key, sql: sql, args: args, lead: lead})
+func (b *batcher) query(ctx context.Context, st stmt) (inserted bool, rec state.Record, err error) {
+	r, err := b.q.Do(ctx, st)
 	return r.inserted, r.rec, err
 }
 

@@ -103,9 +103,9 @@ func TestBatchHandsEachCallerItsOwnAnswer(t *testing.T) {
 	statetest.RequireSameResult(t, statetest.SampleResult(), out["replay"].Record.Result)
 	require.Equal(t, state.OutcomeParamMismatch, out["mismatch"].Outcome)
 	require.Equal(t, state.OutcomeOK, out["complete"].Outcome)
-	require.Equal(t, state.StateDone, out["complete"].Record.State)
+	require.Equal(t, state.Done, out["complete"].Record.State)
 	require.Equal(t, state.OutcomeNotOwner, out["not owner"].Outcome)
-	require.Equal(t, state.StateInFlight, out["not owner"].Record.State)
+	require.Equal(t, state.InFlight, out["not owner"].Record.State)
 
 	// Duplicates of one key inside one batch: exactly one ACQUIRED, and the
 	// others name the winner.

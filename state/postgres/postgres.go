@@ -151,7 +151,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 // hotStatements are prepared on every new connection. Each is prepared
 // under its own text as name: pgx then uses the prepared statement whenever
 // that text is run.
-var hotStatements = []string{acquireSQL, completeSQL, selectSQL, releaseSQL, abandonSQL, takeoverSQL, markUnknownSQL}
+var hotStatements = []string{acquireSQL, completeSQL, selectSQL, endLeaseSQL, abandonUnsentSQL, takeoverSQL, markUnknownSQL}
 
 func prepareHotStatements(ctx context.Context, conn *pgx.Conn) error {
 	for _, sql := range hotStatements {
@@ -237,14 +237,14 @@ SET state = $4, result_status = $5, result_headers = $6::jsonb, result_body = $7
 WHERE idem_key = $1::char(32) AND owner = $2 AND fence = $3 AND state IN ('IN_FLIGHT', 'UNKNOWN')
 RETURNING ` + recordCols
 
-	releaseSQL = `UPDATE idempotency_record
+	endLeaseSQL = `UPDATE idempotency_record
 SET lease_until = now(), updated_at = now()
 WHERE idem_key = $1::char(32) AND owner = $2 AND fence = $3 AND state = 'IN_FLIGHT'
 RETURNING ` + recordCols
 
-	// abandonSQL deletes a fresh claim (fence 1) whose request never
-	// reached the upstream; a later fence is ended with releaseSQL instead.
-	abandonSQL = `DELETE FROM idempotency_record
+	// abandonUnsentSQL deletes a fresh claim (fence 1) whose request never
+	// reached the upstream; a later fence is ended with endLeaseSQL instead.
+	abandonUnsentSQL = `DELETE FROM idempotency_record
 WHERE idem_key = $1::char(32) AND owner = $2 AND fence = 1 AND state = 'IN_FLIGHT'`
 
 	markUnknownSQL = `UPDATE idempotency_record
@@ -292,7 +292,7 @@ func scanRecord(row pgx.Row, lead ...any) (state.Record, error) {
 	if err := row.Scan(dst...); err != nil {
 		return state.Record{}, err
 	}
-	rec.State = state.State(st)
+	rec.State = state.RecordState(st)
 	if status != nil {
 		hs, err := headerCache.Decode(headers)
 		if err != nil {
@@ -323,43 +323,52 @@ func (s *Store) get(ctx context.Context, key string) (state.Record, bool, error)
 }
 
 // queryRecord runs a statement returning one row of recordCols (after an
-// "inserted" column with lead) through the batcher when batched says so and
+// "inserted" column with st.lead) through the batcher when st.batchable and
 // batching is on, else on its own.
-func (s *Store) queryRecord(ctx context.Context, batched bool, key, sql string, lead bool, args ...any) (inserted bool, rec state.Record, err error) {
-	if batched && s.batch != nil {
-		inserted, rec, err = s.batch.query(ctx, key, sql, lead, args...)
+func (s *Store) queryRecord(ctx context.Context, st stmt) (inserted bool, rec state.Record, err error) {
+	if st.batchable && s.batch != nil {
+		inserted, rec, err = s.batch.query(ctx, st)
 		if !errors.Is(err, errRunAlone) {
 			return inserted, rec, err
 		}
 	}
-	if lead {
-		rec, err = scanRecord(s.pool.QueryRow(ctx, sql, args...), &inserted)
+	if st.lead {
+		rec, err = scanRecord(s.pool.QueryRow(ctx, st.sql, st.args...), &inserted)
 	} else {
-		rec, err = scanRecord(s.pool.QueryRow(ctx, sql, args...))
+		rec, err = scanRecord(s.pool.QueryRow(ctx, st.sql, st.args...))
 	}
 	return inserted, rec, err
 }
 
-// update runs one conditional UPDATE … RETURNING (through the batcher when
-// batched). When it changed nothing it reads the record to say why: absent
-// gives ifAbsent, present gives explain(record).
-func (s *Store) update(ctx context.Context, batched bool, op, sql string, key string, ifAbsent state.Outcome,
-	explain func(state.Record) state.Outcome, success state.Outcome, args ...any) (state.Answer, error) {
-	_, rec, err := s.queryRecord(ctx, batched, key, sql, false, args...)
+// conditionalUpdate is one UPDATE … RETURNING whose WHERE clause holds a
+// call's whole rule, and how to answer when it changed nothing.
+type conditionalUpdate struct {
+	op   string // names the call in errors
+	stmt stmt
+	// success is the outcome when the row was updated; ifAbsent when there
+	// is no record; explain says why an existing record was left alone.
+	success  state.Outcome
+	ifAbsent state.Outcome
+	explain  func(state.Record) state.Outcome
+}
+
+// update runs u. When it changed nothing it reads the record to say why.
+func (s *Store) update(ctx context.Context, u conditionalUpdate) (state.Answer, error) {
+	_, rec, err := s.queryRecord(ctx, u.stmt)
 	if err == nil {
-		return state.Answer{Outcome: success, Record: rec}, nil
+		return state.Answer{Outcome: u.success, Record: rec}, nil
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
-		return state.Answer{}, state.Unavailable(op, err)
+		return state.Answer{}, state.Unavailable(u.op, err)
 	}
-	rec, found, err := s.get(ctx, key)
+	rec, found, err := s.get(ctx, u.stmt.key)
 	if err != nil {
-		return state.Answer{}, state.Unavailable(op, err)
+		return state.Answer{}, state.Unavailable(u.op, err)
 	}
 	if !found {
-		return state.Answer{Outcome: ifAbsent}, nil
+		return state.Answer{Outcome: u.ifAbsent}, nil
 	}
-	return state.Answer{Outcome: explain(rec), Record: rec}, nil
+	return state.Answer{Outcome: u.explain(rec), Record: rec}, nil
 }
 
 func notOwner(state.Record) state.Outcome { return state.OutcomeNotOwner }
@@ -373,8 +382,8 @@ func (s *Store) Acquire(ctx context.Context, req state.AcquireRequest) (state.An
 	if err := req.Validate(); err != nil {
 		return state.Answer{}, err
 	}
-	inserted, rec, err := s.queryRecord(ctx, true, req.Key, acquireSQL, true, req.Key, req.Scope, req.SubjectTag, req.ParamHash,
-		req.Owner, micros(req.Lease), micros(req.Retention))
+	inserted, rec, err := s.queryRecord(ctx, stmt{key: req.Key, sql: acquireSQL, lead: true, batchable: true, args: []any{
+		req.Key, req.Scope, req.SubjectTag, req.ParamHash, req.Owner, micros(req.Lease), micros(req.Retention)}})
 	if errors.Is(err, pgx.ErrNoRows) {
 		// A concurrent insert committed after this statement's snapshot:
 		// read the winner with a fresh one.
@@ -421,38 +430,43 @@ func (s *Store) Complete(ctx context.Context, claim state.Claim, c state.Complet
 	if err != nil {
 		return state.Answer{}, err
 	}
-	return s.update(ctx, true, "complete in postgres", completeSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
-		claim.Key, claim.Owner, claim.Fence, string(c.State), status, headers, body, micros(c.Retention), c.Result.Ref)
+	return s.update(ctx, conditionalUpdate{
+		op: "complete in postgres", stmt: stmt{key: claim.Key, sql: completeSQL, batchable: true, args: []any{
+			claim.Key, claim.Owner, claim.Fence, string(c.State), status, headers, body, micros(c.Retention), c.Result.Ref}},
+		success: state.OutcomeOK, ifAbsent: state.OutcomeNotOwner, explain: notOwner,
+	})
 }
 
-// Release implements state.Store.
-func (s *Store) Release(ctx context.Context, claim state.Claim) (state.Answer, error) {
+// EndLease implements state.Store.
+func (s *Store) EndLease(ctx context.Context, claim state.Claim) (state.Answer, error) {
 	if err := claim.Validate(); err != nil {
 		return state.Answer{}, err
 	}
-	return s.update(ctx, false, "release in postgres", releaseSQL, claim.Key, state.OutcomeNotOwner, notOwner, state.OutcomeOK,
-		claim.Key, claim.Owner, claim.Fence)
+	return s.update(ctx, conditionalUpdate{
+		op: "end lease in postgres", stmt: stmt{key: claim.Key, sql: endLeaseSQL, args: []any{claim.Key, claim.Owner, claim.Fence}},
+		success: state.OutcomeOK, ifAbsent: state.OutcomeNotOwner, explain: notOwner,
+	})
 }
 
-// Abandon implements state.Store: a fresh claim is deleted, a taken-over
-// one released.
-func (s *Store) Abandon(ctx context.Context, claim state.Claim) (state.Answer, error) {
+// AbandonUnsent implements state.Store: a fresh claim is deleted, a
+// taken-over one's lease ended (EndLease).
+func (s *Store) AbandonUnsent(ctx context.Context, claim state.Claim) (state.Answer, error) {
 	if err := claim.Validate(); err != nil {
 		return state.Answer{}, err
 	}
 	if claim.Fence != 1 {
-		return s.Release(ctx, claim)
+		return s.EndLease(ctx, claim)
 	}
-	tag, err := s.pool.Exec(ctx, abandonSQL, claim.Key, claim.Owner)
+	tag, err := s.pool.Exec(ctx, abandonUnsentSQL, claim.Key, claim.Owner)
 	if err != nil {
-		return state.Answer{}, state.Unavailable("abandon in postgres", err)
+		return state.Answer{}, state.Unavailable("abandon unsent in postgres", err)
 	}
 	if tag.RowsAffected() == 1 {
 		return state.Answer{Outcome: state.OutcomeOK}, nil
 	}
 	rec, _, err := s.get(ctx, claim.Key)
 	if err != nil {
-		return state.Answer{}, state.Unavailable("abandon in postgres", err)
+		return state.Answer{}, state.Unavailable("abandon unsent in postgres", err)
 	}
 	return state.Answer{Outcome: state.OutcomeNotOwner, Record: rec}, nil
 }
@@ -462,8 +476,10 @@ func (s *Store) MarkUnknown(ctx context.Context, claim state.Claim) (state.Answe
 	if err := claim.Validate(); err != nil {
 		return state.Answer{}, err
 	}
-	return s.update(ctx, false, "mark unknown in postgres", markUnknownSQL, claim.Key, state.OutcomeNotFound, notOwner, state.OutcomeOK,
-		claim.Key, claim.Owner, claim.Fence)
+	return s.update(ctx, conditionalUpdate{
+		op: "mark unknown in postgres", stmt: stmt{key: claim.Key, sql: markUnknownSQL, args: []any{claim.Key, claim.Owner, claim.Fence}},
+		success: state.OutcomeOK, ifAbsent: state.OutcomeNotFound, explain: notOwner,
+	})
 }
 
 // Takeover implements state.Store.
@@ -471,8 +487,10 @@ func (s *Store) Takeover(ctx context.Context, req state.TakeoverRequest) (state.
 	if err := req.Validate(); err != nil {
 		return state.Answer{}, err
 	}
-	return s.update(ctx, false, "take over in postgres", takeoverSQL, req.Key, state.OutcomeNotFound, stateOutcome, state.OutcomeAcquired,
-		req.Key, req.NewOwner, req.Fence, micros(req.Lease))
+	return s.update(ctx, conditionalUpdate{
+		op: "take over in postgres", stmt: stmt{key: req.Key, sql: takeoverSQL, args: []any{req.Key, req.NewOwner, req.Fence, micros(req.Lease)}},
+		success: state.OutcomeAcquired, ifAbsent: state.OutcomeNotFound, explain: stateOutcome,
+	})
 }
 
 // Get implements state.Store.
@@ -499,8 +517,10 @@ func (s *Store) Resolve(ctx context.Context, key string, c state.Completion) (st
 	if err != nil {
 		return state.Answer{}, err
 	}
-	return s.update(ctx, false, "resolve in postgres", resolveSQL, key, state.OutcomeNotFound, notOwner, state.OutcomeOK,
-		key, string(c.State), status, headers, body, micros(c.Retention), c.Result.Ref)
+	return s.update(ctx, conditionalUpdate{
+		op: "resolve in postgres", stmt: stmt{key: key, sql: resolveSQL, args: []any{key, string(c.State), status, headers, body, micros(c.Retention), c.Result.Ref}},
+		success: state.OutcomeOK, ifAbsent: state.OutcomeNotFound, explain: notOwner,
+	})
 }
 
 // Sweep deletes up to limit terminal records past their retention.
@@ -544,7 +564,7 @@ func (s *Store) BatchStats() BatchStats {
 // ListFilter selects records for `idemgate ops list`.
 type ListFilter struct {
 	// State keeps only records in this state; empty means every state.
-	State state.State
+	State state.RecordState
 	// OlderThan keeps only records not updated for at least this long.
 	OlderThan time.Duration
 	// Limit caps the answer (default 100, at most 10000).
@@ -572,7 +592,7 @@ func (s *Store) List(ctx context.Context, f ListFilter) ([]state.Record, error) 
 	)
 	if f.State != "" {
 		switch f.State {
-		case state.StateInFlight, state.StateDone, state.StateFailed, state.StateUnknown:
+		case state.InFlight, state.Done, state.Failed, state.Unknown:
 		default:
 			return nil, fmt.Errorf("%w: unknown state %q", state.ErrInvalidArgument, f.State)
 		}

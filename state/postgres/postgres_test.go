@@ -80,8 +80,8 @@ func TestKeyLookupUsesPrimaryKey(t *testing.T) {
 	}{
 		{"get", selectSQL, []any{key}},
 		{"complete", completeSQL, []any{key, "o", int64(1), "DONE", int32(200), "[]", []byte("x"), int64(1), "ref"}},
-		{"release", releaseSQL, []any{key, "o", int64(1)}},
-		{"abandon", abandonSQL, []any{key, "o"}},
+		{"end lease", endLeaseSQL, []any{key, "o", int64(1)}},
+		{"abandon unsent", abandonUnsentSQL, []any{key, "o"}},
 		{"mark unknown", markUnknownSQL, []any{key, "o", int64(1)}},
 		{"takeover", takeoverSQL, []any{key, "o", int64(1), int64(1)}},
 		{"resolve", resolveSQL, []any{key, "DONE", int32(200), "[]", []byte("x"), int64(1), "ref"}},
@@ -153,33 +153,33 @@ func TestSweepInBoundedBatchesKeepsUnresolved(t *testing.T) {
 	rec, found, err := s.Get(ctx, unknown)
 	require.NoError(t, err)
 	require.True(t, found)
-	require.Equal(t, state.StateUnknown, rec.State)
+	require.Equal(t, state.Unknown, rec.State)
 }
 
 func TestList(t *testing.T) {
 	dsn := newDatabase(t)
 	s := newStore(t, dsn)
 	ctx := t.Context()
-	mk := func(st state.State) string {
+	mk := func(st state.RecordState) string {
 		key := statetest.NewKey(t)
 		a, err := s.Acquire(ctx, statetest.AcquireRequest(key, "o"))
 		statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
 		claim := state.Claim{Key: key, Owner: "o", Fence: 1}
 		switch st {
-		case state.StateUnknown:
+		case state.Unknown:
 			_, err = s.MarkUnknown(ctx, claim)
-		case state.StateDone:
+		case state.Done:
 			_, err = s.Complete(ctx, claim, statetest.Done())
 		}
 		require.NoError(t, err)
 		return key
 	}
-	u1 := mk(state.StateUnknown)
-	u2 := mk(state.StateUnknown)
-	f := mk(state.StateInFlight)
-	d := mk(state.StateDone)
+	u1 := mk(state.Unknown)
+	u2 := mk(state.Unknown)
+	f := mk(state.InFlight)
+	d := mk(state.Done)
 	time.Sleep(50 * time.Millisecond)
-	fresh := mk(state.StateUnknown)
+	fresh := mk(state.Unknown)
 
 	keys := func(recs []state.Record) []string {
 		var out []string
@@ -193,11 +193,11 @@ func TestList(t *testing.T) {
 		filter ListFilter
 		want   []string
 	}{
-		{"unknown, any age, oldest first", ListFilter{State: state.StateUnknown}, []string{u1, u2, fresh}},
-		{"unknown older than 40ms", ListFilter{State: state.StateUnknown, OlderThan: 40 * time.Millisecond}, []string{u1, u2}},
-		{"in flight", ListFilter{State: state.StateInFlight}, []string{f}},
-		{"done", ListFilter{State: state.StateDone}, []string{d}},
-		{"limit", ListFilter{State: state.StateUnknown, Limit: 1}, []string{u1}},
+		{"unknown, any age, oldest first", ListFilter{State: state.Unknown}, []string{u1, u2, fresh}},
+		{"unknown older than 40ms", ListFilter{State: state.Unknown, OlderThan: 40 * time.Millisecond}, []string{u1, u2}},
+		{"in flight", ListFilter{State: state.InFlight}, []string{f}},
+		{"done", ListFilter{State: state.Done}, []string{d}},
+		{"limit", ListFilter{State: state.Unknown, Limit: 1}, []string{u1}},
 		{"every state", ListFilter{OlderThan: 40 * time.Millisecond}, []string{u1, u2, f, d}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -206,7 +206,7 @@ func TestList(t *testing.T) {
 			require.Equal(t, tc.want, keys(recs))
 		})
 	}
-	recs, err := s.List(ctx, ListFilter{State: state.StateDone})
+	recs, err := s.List(ctx, ListFilter{State: state.Done})
 	require.NoError(t, err)
 	statetest.RequireSameResult(t, statetest.SampleResult(), recs[0].Result)
 

@@ -108,10 +108,10 @@ var (
 	acquireLua string
 	//go:embed lua/complete.lua
 	completeLua string
-	//go:embed lua/release.lua
-	releaseLua string
-	//go:embed lua/abandon.lua
-	abandonLua string
+	//go:embed lua/end_lease.lua
+	endLeaseLua string
+	//go:embed lua/abandon_unsent.lua
+	abandonUnsentLua string
 	//go:embed lua/mark_unknown.lua
 	markUnknownLua string
 	//go:embed lua/takeover.lua
@@ -122,26 +122,26 @@ var (
 	getLua string
 	//go:embed lua/repair.lua
 	repairLua string
-	//go:embed lua/forget.lua
-	forgetLua string
+	//go:embed lua/drop_orphan.lua
+	dropOrphanLua string
 )
 
 func script(body string) *goredis.Script { return goredis.NewScript(libLua + "\n" + body) }
 
 var (
-	acquireScript     = script(acquireLua)
-	completeScript    = script(completeLua)
-	releaseScript     = script(releaseLua)
-	abandonScript     = script(abandonLua)
-	markUnknownScript = script(markUnknownLua)
-	takeoverScript    = script(takeoverLua)
-	resolveScript     = script(resolveLua)
-	getScript         = script(getLua)
-	repairScript      = script(repairLua)
-	forgetScript      = script(forgetLua)
-	allScripts        = []*goredis.Script{
-		acquireScript, completeScript, releaseScript, abandonScript, markUnknownScript, takeoverScript,
-		resolveScript, getScript, repairScript, forgetScript,
+	acquireScript       = script(acquireLua)
+	completeScript      = script(completeLua)
+	endLeaseScript      = script(endLeaseLua)
+	abandonUnsentScript = script(abandonUnsentLua)
+	markUnknownScript   = script(markUnknownLua)
+	takeoverScript      = script(takeoverLua)
+	resolveScript       = script(resolveLua)
+	getScript           = script(getLua)
+	repairScript        = script(repairLua)
+	dropOrphanScript    = script(dropOrphanLua)
+	allScripts          = []*goredis.Script{
+		acquireScript, completeScript, endLeaseScript, abandonUnsentScript, markUnknownScript, takeoverScript,
+		resolveScript, getScript, repairScript, dropOrphanScript,
 	}
 )
 
@@ -314,24 +314,24 @@ func (s *Store) Complete(ctx context.Context, claim state.Claim, c state.Complet
 	return answer(r, state.OutcomeOK, state.OutcomeNotOwner)
 }
 
-// Release implements state.Store.
-func (s *Store) Release(ctx context.Context, claim state.Claim) (state.Answer, error) {
+// EndLease implements state.Store.
+func (s *Store) EndLease(ctx context.Context, claim state.Claim) (state.Answer, error) {
 	if err := claim.Validate(); err != nil {
 		return state.Answer{}, err
 	}
-	r, err := s.run(ctx, "release in redis", releaseScript, claim.Key, claim.Owner, fence(claim.Fence))
+	r, err := s.run(ctx, "end lease in redis", endLeaseScript, claim.Key, claim.Owner, fence(claim.Fence))
 	if err != nil {
 		return state.Answer{}, err
 	}
 	return answer(r, state.OutcomeOK, state.OutcomeNotOwner)
 }
 
-// Abandon implements state.Store.
-func (s *Store) Abandon(ctx context.Context, claim state.Claim) (state.Answer, error) {
+// AbandonUnsent implements state.Store.
+func (s *Store) AbandonUnsent(ctx context.Context, claim state.Claim) (state.Answer, error) {
 	if err := claim.Validate(); err != nil {
 		return state.Answer{}, err
 	}
-	r, err := s.run(ctx, "abandon in redis", abandonScript, claim.Key, claim.Owner, fence(claim.Fence))
+	r, err := s.run(ctx, "abandon unsent in redis", abandonUnsentScript, claim.Key, claim.Owner, fence(claim.Fence))
 	if err != nil {
 		return state.Answer{}, err
 	}
@@ -488,14 +488,16 @@ func (s *Store) Repair(ctx context.Context, rec state.Record, ttl time.Duration)
 	return false, fmt.Errorf("failed to repair redis: %w: unexpected outcome %q", errBadReply, r.outcome)
 }
 
-// Forget deletes the key only while it is still claim's IN_FLIGHT record,
-// releasing a Redis claim that PostgreSQL never confirmed. deleted is false
-// when the key was absent or belongs to someone else.
-func (s *Store) Forget(ctx context.Context, claim state.Claim) (deleted bool, err error) {
+// DropOrphan deletes the key only while it is still claim's IN_FLIGHT
+// record, whatever the fence: the tiered store drops a Redis claim that
+// PostgreSQL never got, or whose PostgreSQL record AbandonUnsent has just
+// deleted. It is not a state.Store call: no other backend has a copy to
+// drop. deleted is false when the key was absent or belongs to someone else.
+func (s *Store) DropOrphan(ctx context.Context, claim state.Claim) (deleted bool, err error) {
 	if err := claim.Validate(); err != nil {
 		return false, err
 	}
-	r, err := s.run(ctx, "forget in redis", forgetScript, claim.Key, claim.Owner, fence(claim.Fence))
+	r, err := s.run(ctx, "drop orphan in redis", dropOrphanScript, claim.Key, claim.Owner, fence(claim.Fence))
 	if err != nil {
 		return false, err
 	}
@@ -505,7 +507,7 @@ func (s *Store) Forget(ctx context.Context, claim state.Claim) (deleted bool, er
 	case string(state.OutcomeNotOwner), string(state.OutcomeNotFound):
 		return false, nil
 	}
-	return false, fmt.Errorf("failed to forget in redis: %w: unexpected outcome %q", errBadReply, r.outcome)
+	return false, fmt.Errorf("failed to drop orphan in redis: %w: unexpected outcome %q", errBadReply, r.outcome)
 }
 
 // errBadReply marks a script reply this code does not understand (a script
@@ -596,7 +598,7 @@ func decodeRecord(pairs []any, nowUS int64) (state.Record, error) {
 		}
 		switch k {
 		case "state":
-			rec.State, seen = state.State(v), seen|fieldState
+			rec.State, seen = state.RecordState(v), seen|fieldState
 		case "param_hash":
 			rec.ParamHash, seen = v, seen|fieldParamHash
 		case "scope":
@@ -635,7 +637,7 @@ func decodeRecord(pairs []any, nowUS int64) (state.Record, error) {
 		return state.Record{}, fmt.Errorf("%w: record lacks %s", errBadReply, strings.Join(missing, ", "))
 	}
 	switch rec.State {
-	case state.StateInFlight, state.StateDone, state.StateFailed, state.StateUnknown:
+	case state.InFlight, state.Done, state.Failed, state.Unknown:
 	default:
 		return state.Record{}, fmt.Errorf("%w: unknown state %q", errBadReply, rec.State)
 	}

@@ -94,7 +94,7 @@ func TestRepair(t *testing.T) {
 	res := statetest.SampleResult()
 	done := state.Record{
 		Key: key, Scope: "payments.transfer", SubjectTag: "subj", ParamHash: "ph-1",
-		State: state.StateDone, Owner: "pg-owner", Fence: 3,
+		State: state.Done, Owner: "pg-owner", Fence: 3,
 		LeaseUntil: now, CreatedAt: now.Add(-time.Minute), UpdatedAt: now, ExpiresAt: now.Add(time.Hour),
 		Result: &res,
 	}
@@ -108,7 +108,7 @@ func TestRepair(t *testing.T) {
 	got, found, err := s.Get(ctx, key)
 	require.NoError(t, err)
 	require.True(t, found)
-	require.Equal(t, state.StateDone, got.State)
+	require.Equal(t, state.Done, got.State)
 	require.Equal(t, "pg-owner", got.Owner)
 	require.Equal(t, int64(3), got.Fence)
 	require.Equal(t, done.CreatedAt, got.CreatedAt)
@@ -120,20 +120,20 @@ func TestRepair(t *testing.T) {
 
 	// A stale non-terminal copy never replaces a terminal record.
 	stale := done
-	stale.State = state.StateInFlight
+	stale.State = state.InFlight
 	stale.Result = nil
 	applied, err = s.Repair(ctx, stale, time.Hour)
 	require.NoError(t, err)
 	require.False(t, applied)
 	got, _, err = s.Get(ctx, key)
 	require.NoError(t, err)
-	require.Equal(t, state.StateDone, got.State)
+	require.Equal(t, state.Done, got.State)
 
 	_, err = s.Repair(ctx, done, 0)
 	require.ErrorIs(t, err, state.ErrInvalidArgument)
 }
 
-func TestForget(t *testing.T) {
+func TestDropOrphan(t *testing.T) {
 	srv := testutil.StartRedis(t)
 	s := newSingle(t, srv.Addr)
 	ctx := t.Context()
@@ -141,19 +141,19 @@ func TestForget(t *testing.T) {
 	a, err := s.Acquire(ctx, statetest.AcquireRequest(key, "o"))
 	statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
 
-	deleted, err := s.Forget(ctx, state.Claim{Key: key, Owner: "other", Fence: 1})
+	deleted, err := s.DropOrphan(ctx, state.Claim{Key: key, Owner: "other", Fence: 1})
 	require.NoError(t, err)
 	require.False(t, deleted, "someone else's claim is not forgotten")
-	deleted, err = s.Forget(ctx, state.Claim{Key: key, Owner: "o", Fence: 2})
+	deleted, err = s.DropOrphan(ctx, state.Claim{Key: key, Owner: "o", Fence: 2})
 	require.NoError(t, err)
 	require.False(t, deleted, "a different fence is not forgotten")
-	deleted, err = s.Forget(ctx, state.Claim{Key: key, Owner: "o", Fence: 1})
+	deleted, err = s.DropOrphan(ctx, state.Claim{Key: key, Owner: "o", Fence: 1})
 	require.NoError(t, err)
 	require.True(t, deleted)
 	_, found, err := s.Get(ctx, key)
 	require.NoError(t, err)
 	require.False(t, found)
-	deleted, err = s.Forget(ctx, state.Claim{Key: key, Owner: "o", Fence: 1})
+	deleted, err = s.DropOrphan(ctx, state.Claim{Key: key, Owner: "o", Fence: 1})
 	require.NoError(t, err)
 	require.False(t, deleted)
 
@@ -162,7 +162,7 @@ func TestForget(t *testing.T) {
 	statetest.RequireOutcome(t, state.OutcomeAcquired, b, err)
 	c, err := s.Complete(ctx, state.Claim{Key: key, Owner: "o2", Fence: 1}, statetest.Done())
 	statetest.RequireOutcome(t, state.OutcomeOK, c, err)
-	deleted, err = s.Forget(ctx, state.Claim{Key: key, Owner: "o2", Fence: 1})
+	deleted, err = s.DropOrphan(ctx, state.Claim{Key: key, Owner: "o2", Fence: 1})
 	require.NoError(t, err)
 	require.False(t, deleted)
 }

@@ -126,11 +126,11 @@ func SampleResult() state.Result {
 
 // Done is a DONE completion with SampleResult and an hour of retention.
 func Done() state.Completion {
-	return state.Completion{State: state.StateDone, Result: SampleResult(), Retention: time.Hour}
+	return state.Completion{State: state.Done, Result: SampleResult(), Retention: time.Hour}
 }
 
 func failedCompletion() state.Completion {
-	return state.Completion{State: state.StateFailed, Retention: time.Hour, Result: state.Result{
+	return state.Completion{State: state.Failed, Retention: time.Hour, Result: state.Result{
 		Status:  422,
 		Headers: []state.Header{{Name: "Content-Type", Value: "application/problem+json"}},
 		Body:    []byte(`{"error":"insufficient_funds"}`),
@@ -212,7 +212,7 @@ func (s *suite) acquireThenInFlight(t *testing.T, st state.Store) {
 	require.Equal(t, "payments.transfer", r.Scope)
 	require.Equal(t, "subj-tag-1", r.SubjectTag)
 	require.Equal(t, "ph-1", r.ParamHash)
-	require.Equal(t, state.StateInFlight, r.State)
+	require.Equal(t, state.InFlight, r.State)
 	require.Equal(t, "owner-a", r.Owner)
 	require.Equal(t, int64(1), r.Fence)
 	require.False(t, r.LeaseExpired)
@@ -226,7 +226,7 @@ func (s *suite) acquireThenInFlight(t *testing.T, st state.Store) {
 	require.Equal(t, "owner-a", b.Record.Owner)
 	require.Equal(t, int64(1), b.Record.Fence)
 	require.False(t, b.Record.LeaseExpired)
-	require.Equal(t, state.StateInFlight, b.Record.State)
+	require.Equal(t, state.InFlight, b.Record.State)
 
 	// The same owner id asking again is not a second ACQUIRED: owner ids
 	// may repeat, only the first acquire owns the record.
@@ -278,10 +278,10 @@ func (s *suite) completeReplaysByteIdentical(t *testing.T, st state.Store) {
 		name    string
 		c       state.Completion
 		outcome state.Outcome
-		state   state.State
+		state   state.RecordState
 	}{
-		{"done", Done(), state.OutcomeDone, state.StateDone},
-		{"failed", failedCompletion(), state.OutcomeFailed, state.StateFailed},
+		{"done", Done(), state.OutcomeDone, state.Done},
+		{"failed", failedCompletion(), state.OutcomeFailed, state.Failed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := ctxT(t)
@@ -342,7 +342,7 @@ func (s *suite) completeNotOwner(t *testing.T, st state.Store) {
 			rec, found, err := st.Get(ctx, key)
 			require.NoError(t, err)
 			require.True(t, found)
-			require.Equal(t, state.StateInFlight, rec.State)
+			require.Equal(t, state.InFlight, rec.State)
 			require.Nil(t, rec.Result)
 		})
 	}
@@ -353,10 +353,10 @@ func (s *suite) completeNotOwner(t *testing.T, st state.Store) {
 	// A second Complete by the owner itself must not overwrite the result.
 	again, err := st.Complete(ctx, claimOf(a), failedCompletion())
 	RequireOutcome(t, state.OutcomeNotOwner, again, err)
-	require.Equal(t, state.StateDone, again.Record.State)
+	require.Equal(t, state.Done, again.Record.State)
 	rec, _, err := st.Get(ctx, key)
 	require.NoError(t, err)
-	require.Equal(t, state.StateDone, rec.State)
+	require.Equal(t, state.Done, rec.State)
 	RequireSameResult(t, SampleResult(), rec.Result)
 
 	absent, err := st.Complete(ctx, state.Claim{Key: NewKey(t), Owner: "o", Fence: 1}, Done())
@@ -368,12 +368,12 @@ func (s *suite) releaseTakeover(t *testing.T, st state.Store) {
 	key := NewKey(t)
 	a := s.acquire(t, st, key, "owner-a")
 
-	wrong, err := st.Release(ctx, state.Claim{Key: key, Owner: "owner-b", Fence: 1})
+	wrong, err := st.EndLease(ctx, state.Claim{Key: key, Owner: "owner-b", Fence: 1})
 	RequireOutcome(t, state.OutcomeNotOwner, wrong, err)
-	rel, err := st.Release(ctx, claimOf(a))
+	rel, err := st.EndLease(ctx, claimOf(a))
 	RequireOutcome(t, state.OutcomeOK, rel, err)
 	require.True(t, rel.Record.LeaseExpired)
-	require.Equal(t, state.StateInFlight, rel.Record.State)
+	require.Equal(t, state.InFlight, rel.Record.State)
 
 	seen, err := st.Acquire(ctx, AcquireRequest(key, "owner-b"))
 	RequireOutcome(t, state.OutcomeInFlight, seen, err)
@@ -388,8 +388,8 @@ func (s *suite) releaseTakeover(t *testing.T, st state.Store) {
 
 	late, err := st.Complete(ctx, claimOf(a), failedCompletion())
 	RequireOutcome(t, state.OutcomeNotOwner, late, err)
-	lateRelease, err := st.Release(ctx, claimOf(a))
-	RequireOutcome(t, state.OutcomeNotOwner, lateRelease, err)
+	lateEndLease, err := st.EndLease(ctx, claimOf(a))
+	RequireOutcome(t, state.OutcomeNotOwner, lateEndLease, err)
 
 	done, err := st.Complete(ctx, claimOf(tk), Done())
 	RequireOutcome(t, state.OutcomeOK, done, err)
@@ -399,11 +399,11 @@ func (s *suite) releaseTakeover(t *testing.T, st state.Store) {
 	RequireOutcome(t, state.OutcomeNotOwner, late2, err)
 	rec, _, err := st.Get(ctx, key)
 	require.NoError(t, err)
-	require.Equal(t, state.StateDone, rec.State)
+	require.Equal(t, state.Done, rec.State)
 	require.Equal(t, "owner-b", rec.Owner)
 	RequireSameResult(t, SampleResult(), rec.Result)
 
-	relDone, err := st.Release(ctx, claimOf(tk))
+	relDone, err := st.EndLease(ctx, claimOf(tk))
 	RequireOutcome(t, state.OutcomeNotOwner, relDone, err)
 }
 
@@ -412,7 +412,7 @@ func (s *suite) abandonFresh(t *testing.T, st state.Store) {
 	key := NewKey(t)
 	a := s.acquire(t, st, key, "owner-a")
 
-	ab, err := st.Abandon(ctx, claimOf(a))
+	ab, err := st.AbandonUnsent(ctx, claimOf(a))
 	RequireOutcome(t, state.OutcomeOK, ab, err)
 	require.Zero(t, ab.Record, "a deleted record is answered with a zero Record")
 	_, found, err := st.Get(ctx, key)
@@ -430,7 +430,7 @@ func (s *suite) abandonFresh(t *testing.T, st state.Store) {
 	// The old owner's claim is gone: abandoning it again touches nothing,
 	// even though owner ids are not what protects the new claim (the
 	// record's owner differs) — and the new claim can still complete.
-	twice, err := st.Abandon(ctx, claimOf(a))
+	twice, err := st.AbandonUnsent(ctx, claimOf(a))
 	RequireOutcome(t, state.OutcomeNotOwner, twice, err)
 	require.Equal(t, "owner-b", twice.Record.Owner)
 	done, err := st.Complete(ctx, claimOf(again), Done())
@@ -441,7 +441,7 @@ func (s *suite) abandonTakenOver(t *testing.T, st state.Store) {
 	ctx := ctxT(t)
 	key := NewKey(t)
 	a := s.acquire(t, st, key, "owner-a")
-	rel, err := st.Release(ctx, claimOf(a))
+	rel, err := st.EndLease(ctx, claimOf(a))
 	RequireOutcome(t, state.OutcomeOK, rel, err)
 	tk, err := st.Takeover(ctx, state.TakeoverRequest{Key: key, NewOwner: "owner-b", Fence: 1, Lease: 30 * time.Second})
 	RequireOutcome(t, state.OutcomeAcquired, tk, err)
@@ -449,9 +449,9 @@ func (s *suite) abandonTakenOver(t *testing.T, st state.Store) {
 
 	// The first attempt may have executed: the record stays, only the
 	// taker's lease ends so the next retry takes over and re-sends the key.
-	ab, err := st.Abandon(ctx, claimOf(tk))
+	ab, err := st.AbandonUnsent(ctx, claimOf(tk))
 	RequireOutcome(t, state.OutcomeOK, ab, err)
-	require.Equal(t, state.StateInFlight, ab.Record.State)
+	require.Equal(t, state.InFlight, ab.Record.State)
 	require.Equal(t, "owner-b", ab.Record.Owner)
 	require.Equal(t, int64(2), ab.Record.Fence)
 	require.True(t, ab.Record.LeaseExpired)
@@ -466,24 +466,24 @@ func (s *suite) abandonTakenOver(t *testing.T, st state.Store) {
 
 func (s *suite) abandonNotOwner(t *testing.T, st state.Store) {
 	ctx := ctxT(t)
-	absent, err := st.Abandon(ctx, state.Claim{Key: NewKey(t), Owner: "o", Fence: 1})
+	absent, err := st.AbandonUnsent(ctx, state.Claim{Key: NewKey(t), Owner: "o", Fence: 1})
 	RequireOutcome(t, state.OutcomeNotOwner, absent, err)
 	require.Zero(t, absent.Record)
 
 	for _, tc := range []struct {
 		name  string
 		setup func(t *testing.T, a state.Answer)
-		want  state.State
+		want  state.RecordState
 	}{
-		{"in flight", func(*testing.T, state.Answer) {}, state.StateInFlight},
+		{"in flight", func(*testing.T, state.Answer) {}, state.InFlight},
 		{"done", func(t *testing.T, a state.Answer) {
 			c, err := st.Complete(ctx, claimOf(a), Done())
 			RequireOutcome(t, state.OutcomeOK, c, err)
-		}, state.StateDone},
+		}, state.Done},
 		{"unknown", func(t *testing.T, a state.Answer) {
 			c, err := st.MarkUnknown(ctx, claimOf(a))
 			RequireOutcome(t, state.OutcomeOK, c, err)
-		}, state.StateUnknown},
+		}, state.Unknown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := NewKey(t)
@@ -493,11 +493,11 @@ func (s *suite) abandonNotOwner(t *testing.T, st state.Store) {
 				{Key: key, Owner: "owner-b", Fence: 1},
 				{Key: key, Owner: "owner-a", Fence: 2},
 			}
-			if tc.want != state.StateInFlight {
+			if tc.want != state.InFlight {
 				claims = append(claims, claimOf(a)) // the owner itself, after the fact
 			}
 			for _, c := range claims {
-				r, err := st.Abandon(ctx, c)
+				r, err := st.AbandonUnsent(ctx, c)
 				RequireOutcome(t, state.OutcomeNotOwner, r, err)
 				require.Equal(t, tc.want, r.Record.State)
 			}
@@ -506,8 +506,8 @@ func (s *suite) abandonNotOwner(t *testing.T, st state.Store) {
 			require.True(t, found)
 			require.Equal(t, tc.want, rec.State)
 			require.Equal(t, "owner-a", rec.Owner)
-			if tc.want == state.StateInFlight {
-				require.False(t, rec.LeaseExpired, "a refused Abandon leaves the lease alone")
+			if tc.want == state.InFlight {
+				require.False(t, rec.LeaseExpired, "a refused AbandonUnsent leaves the lease alone")
 			}
 		})
 	}
@@ -546,7 +546,7 @@ func (s *suite) abandonRacesTakeover(t *testing.T, st state.Store) {
 			go func() {
 				defer wg.Done()
 				<-start
-				abandon, abandonErr = st.Abandon(ctx, claimOf(a))
+				abandon, abandonErr = st.AbandonUnsent(ctx, claimOf(a))
 			}()
 		}
 	}
@@ -567,7 +567,7 @@ func (s *suite) abandonRacesTakeover(t *testing.T, st state.Store) {
 		require.Equal(t, 1, counts[state.OutcomeAcquired], "%v", counts)
 		require.True(t, found)
 		require.Equal(t, int64(2), rec.Fence)
-		require.Equal(t, state.StateInFlight, rec.State)
+		require.Equal(t, state.InFlight, rec.State)
 		require.False(t, rec.LeaseExpired, "the taker's lease is not touched by the refused abandon")
 		require.Equal(t, int64(2), abandon.Record.Fence)
 	default:
@@ -629,21 +629,21 @@ func (s *suite) markUnknown(t *testing.T, st state.Store) {
 
 	early, err := st.MarkUnknown(ctx, state.Claim{Key: key, Owner: "owner-b", Fence: 1})
 	RequireOutcome(t, state.OutcomeNotOwner, early, err)
-	require.Equal(t, state.StateInFlight, early.Record.State)
+	require.Equal(t, state.InFlight, early.Record.State)
 
 	m, err := st.MarkUnknown(ctx, claimOf(a))
 	RequireOutcome(t, state.OutcomeOK, m, err)
-	require.Equal(t, state.StateUnknown, m.Record.State)
+	require.Equal(t, state.Unknown, m.Record.State)
 
 	r, err := st.Acquire(ctx, AcquireRequest(key, "owner-c"))
 	RequireOutcome(t, state.OutcomeUnknown, r, err)
-	require.Equal(t, state.StateUnknown, r.Record.State)
+	require.Equal(t, state.Unknown, r.Record.State)
 
 	again, err := st.MarkUnknown(ctx, claimOf(a))
 	RequireOutcome(t, state.OutcomeNotOwner, again, err)
 	tk, err := st.Takeover(ctx, state.TakeoverRequest{Key: key, NewOwner: "owner-c", Fence: 1, Lease: time.Second})
 	RequireOutcome(t, state.OutcomeUnknown, tk, err)
-	rel, err := st.Release(ctx, claimOf(a))
+	rel, err := st.EndLease(ctx, claimOf(a))
 	RequireOutcome(t, state.OutcomeNotOwner, rel, err)
 
 	absent, err := st.MarkUnknown(ctx, state.Claim{Key: NewKey(t), Owner: "o", Fence: 1})
@@ -656,7 +656,7 @@ func (s *suite) markUnknownAfterExpiry(t *testing.T, st state.Store) {
 	s.acquire(t, st, running, "owner-a")
 	before, err := st.MarkUnknown(ctx, state.Claim{Key: running, Owner: "owner-b", Fence: 1})
 	RequireOutcome(t, state.OutcomeNotOwner, before, err)
-	require.Equal(t, state.StateInFlight, before.Record.State)
+	require.Equal(t, state.InFlight, before.Record.State)
 
 	key := NewKey(t)
 	s.acquireShortLease(t, st, key, "owner-a")
@@ -666,7 +666,7 @@ func (s *suite) markUnknownAfterExpiry(t *testing.T, st state.Store) {
 	RequireOutcome(t, state.OutcomeNotOwner, wrongFence, err)
 	after, err := st.MarkUnknown(ctx, state.Claim{Key: key, Owner: "owner-b", Fence: 1})
 	RequireOutcome(t, state.OutcomeOK, after, err)
-	require.Equal(t, state.StateUnknown, after.Record.State)
+	require.Equal(t, state.Unknown, after.Record.State)
 	r, err := st.Acquire(ctx, AcquireRequest(key, "owner-c"))
 	RequireOutcome(t, state.OutcomeUnknown, r, err)
 }
@@ -698,7 +698,7 @@ func (s *suite) resolve(t *testing.T, st state.Store) {
 		RequireOutcome(t, state.OutcomeOK, m, err)
 		r, err := st.Resolve(ctx, key, Done())
 		RequireOutcome(t, state.OutcomeOK, r, err)
-		require.Equal(t, state.StateDone, r.Record.State)
+		require.Equal(t, state.Done, r.Record.State)
 		replay, err := st.Acquire(ctx, AcquireRequest(key, "owner-b"))
 		RequireOutcome(t, state.OutcomeDone, replay, err)
 		RequireSameResult(t, SampleResult(), replay.Record.Result)
@@ -711,7 +711,7 @@ func (s *suite) resolve(t *testing.T, st state.Store) {
 		a := s.acquire(t, st, key, "owner-a")
 		r, err := st.Resolve(ctx, key, failedCompletion())
 		RequireOutcome(t, state.OutcomeOK, r, err)
-		require.Equal(t, state.StateFailed, r.Record.State)
+		require.Equal(t, state.Failed, r.Record.State)
 		late, err := st.Complete(ctx, claimOf(a), Done())
 		RequireOutcome(t, state.OutcomeNotOwner, late, err)
 		replay, err := st.Acquire(ctx, AcquireRequest(key, "owner-b"))
@@ -725,10 +725,10 @@ func (s *suite) resolve(t *testing.T, st state.Store) {
 		RequireOutcome(t, state.OutcomeOK, c, err)
 		r, err := st.Resolve(ctx, key, failedCompletion())
 		RequireOutcome(t, state.OutcomeNotOwner, r, err)
-		require.Equal(t, state.StateDone, r.Record.State)
+		require.Equal(t, state.Done, r.Record.State)
 		rec, _, err := st.Get(ctx, key)
 		require.NoError(t, err)
-		require.Equal(t, state.StateDone, rec.State)
+		require.Equal(t, state.Done, rec.State)
 		RequireSameResult(t, SampleResult(), rec.Result)
 	})
 	t.Run("absent", func(t *testing.T) {
@@ -749,7 +749,7 @@ func (s *suite) get(t *testing.T, st state.Store) {
 	require.NoError(t, err)
 	require.True(t, found)
 	require.Equal(t, key, rec.Key)
-	require.Equal(t, state.StateInFlight, rec.State)
+	require.Equal(t, state.InFlight, rec.State)
 	require.Equal(t, "owner-a", rec.Owner)
 	require.Equal(t, int64(1), rec.Fence)
 	require.Equal(t, "ph-1", rec.ParamHash)
@@ -908,8 +908,8 @@ func (s *suite) contextRespected(t *testing.T, st state.Store) {
 	}{
 		{"acquire", func() error { _, err := st.Acquire(ctx, AcquireRequest(key, "owner-a")); return err }},
 		{"complete", func() error { _, err := st.Complete(ctx, claim, Done()); return err }},
-		{"release", func() error { _, err := st.Release(ctx, claim); return err }},
-		{"abandon", func() error { _, err := st.Abandon(ctx, claim); return err }},
+		{"release", func() error { _, err := st.EndLease(ctx, claim); return err }},
+		{"abandon", func() error { _, err := st.AbandonUnsent(ctx, claim); return err }},
 		{"mark unknown", func() error { _, err := st.MarkUnknown(ctx, claim); return err }},
 		{"takeover", func() error {
 			_, err := st.Takeover(ctx, state.TakeoverRequest{Key: key, NewOwner: "b", Fence: 1, Lease: time.Second})
@@ -967,24 +967,24 @@ func (s *suite) invalidArguments(t *testing.T, st state.Store) {
 			return err
 		}},
 		{"complete non-terminal", func() error {
-			_, err := st.Complete(ctx, state.Claim{Key: key, Owner: "o", Fence: 1}, state.Completion{State: state.StateInFlight, Result: state.Result{Status: 200}, Retention: time.Hour})
+			_, err := st.Complete(ctx, state.Claim{Key: key, Owner: "o", Fence: 1}, state.Completion{State: state.InFlight, Result: state.Result{Status: 200}, Retention: time.Hour})
 			return err
 		}},
 		{"complete bad status", func() error {
-			_, err := st.Complete(ctx, state.Claim{Key: key, Owner: "o", Fence: 1}, state.Completion{State: state.StateDone, Result: state.Result{Status: 0}, Retention: time.Hour})
+			_, err := st.Complete(ctx, state.Claim{Key: key, Owner: "o", Fence: 1}, state.Completion{State: state.Done, Result: state.Result{Status: 0}, Retention: time.Hour})
 			return err
 		}},
 		{"resolve unknown state", func() error {
-			_, err := st.Resolve(ctx, key, state.Completion{State: state.StateUnknown, Result: state.Result{Status: 200}, Retention: time.Hour})
+			_, err := st.Resolve(ctx, key, state.Completion{State: state.Unknown, Result: state.Result{Status: 200}, Retention: time.Hour})
 			return err
 		}},
 		{"get bad key", func() error { _, _, err := st.Get(ctx, "nope"); return err }},
 		{"abandon no owner", func() error {
-			_, err := st.Abandon(ctx, state.Claim{Key: key, Fence: 1})
+			_, err := st.AbandonUnsent(ctx, state.Claim{Key: key, Fence: 1})
 			return err
 		}},
 		{"abandon bad key", func() error {
-			_, err := st.Abandon(ctx, state.Claim{Key: "abc", Owner: "o", Fence: 1})
+			_, err := st.AbandonUnsent(ctx, state.Claim{Key: "abc", Owner: "o", Fence: 1})
 			return err
 		}},
 		{"takeover no owner", func() error {

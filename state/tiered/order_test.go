@@ -67,7 +67,7 @@ func TestTerminalStatesReachPostgresBeforeRedis(t *testing.T) {
 			rec, found, err := rs.Get(ctx, key)
 			require.NoError(t, err)
 			require.True(t, found, "the Redis claim is still there")
-			require.Equal(t, state.StateInFlight, rec.State,
+			require.Equal(t, state.InFlight, rec.State,
 				"Redis got a terminal state that PostgreSQL refused: the terminal write went to Redis first")
 			require.Nil(t, rec.Result)
 

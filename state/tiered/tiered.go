@@ -13,14 +13,14 @@
 //     PostgreSQL committed them, and a terminal PostgreSQL record never
 //     changes, so such an answer is always backed. (A parameter hash in Redis
 //     comes from a claim that PostgreSQL either confirmed or will overwrite
-//     on the next repair; the only unbacked case, a failed Forget, can
+//     on the next repair; the only unbacked case, a failed DropOrphan, can
 //     only refuse a tampered confirm, never let one through.)
 //   - Redis IN_FLIGHT or UNKNOWN is checked against PostgreSQL before it is
 //     answered: a person may have resolved the record, the owner may have
 //     finished while the Redis update failed, or the Redis claim may be an
 //     orphan of a PostgreSQL failure. The PostgreSQL check is an Acquire,
 //     which also creates the claim if PostgreSQL has none.
-//   - Complete, Release, MarkUnknown, Takeover and Resolve go to PostgreSQL
+//   - Complete, EndLease, MarkUnknown, Takeover and Resolve go to PostgreSQL
 //     first (it decides NOT_OWNER) and then copy the result to Redis, best
 //     effort. A stale Redis IN_FLIGHT is harmless because IN_FLIGHT is
 //     always checked; a Redis write that fails costs only speed.
@@ -39,7 +39,7 @@
 //     which then repairs Redis key by key as traffic arrives.
 //   - PostgreSQL failures are returned wrapped in state.ErrUnavailable (the
 //     server answers temporarily_unavailable, nothing executed), and a Redis
-//     claim made by the same call is released with Forget so the retry is
+//     claim made by the same call is dropped with DropOrphan so the retry is
 //     not told to wait for a claim nobody holds.
 //   - Metrics and logs go through Options.OnFallback and Options.Logger, so
 //     this package needs no metrics library. Idempotency keys are never
@@ -64,8 +64,9 @@ type Cache interface {
 	state.Store
 	// Repair overwrites the record with one copied from PostgreSQL.
 	Repair(ctx context.Context, rec state.Record, ttl time.Duration) (bool, error)
-	// Forget deletes the record if claim still holds it IN_FLIGHT.
-	Forget(ctx context.Context, claim state.Claim) (bool, error)
+	// DropOrphan deletes the record if claim still holds it IN_FLIGHT,
+	// whatever the fence: a claim PostgreSQL does not hold.
+	DropOrphan(ctx context.Context, claim state.Claim) (bool, error)
 }
 
 // Reasons passed to Options.OnFallback.
@@ -120,10 +121,10 @@ type Stats struct {
 	RedisSkipped uint64
 	// Repairs counts records copied from PostgreSQL to Redis.
 	Repairs uint64
-	// Forgets counts Redis claims dropped after a PostgreSQL failure or an
-	// Abandon.
-	Forgets uint64
-	Breaker string
+	// OrphansDropped counts Redis claims dropped after a PostgreSQL
+	// failure or an AbandonUnsent.
+	OrphansDropped uint64
+	Breaker        string
 }
 
 // Store is the tiered state.Store.
@@ -136,7 +137,7 @@ type Store struct {
 	log          *slog.Logger
 	br           *breaker
 
-	calls, failures, skipped, repairs, forgets atomic.Uint64
+	calls, failures, skipped, repairs, orphansDropped atomic.Uint64
 }
 
 var _ state.Store = (*Store)(nil)
@@ -185,12 +186,12 @@ func New(opts Options) (*Store, error) {
 // Stats returns the counters.
 func (s *Store) Stats() Stats {
 	return Stats{
-		RedisCalls:    s.calls.Load(),
-		RedisFailures: s.failures.Load(),
-		RedisSkipped:  s.skipped.Load(),
-		Repairs:       s.repairs.Load(),
-		Forgets:       s.forgets.Load(),
-		Breaker:       s.br.current(),
+		RedisCalls:     s.calls.Load(),
+		RedisFailures:  s.failures.Load(),
+		RedisSkipped:   s.skipped.Load(),
+		Repairs:        s.repairs.Load(),
+		OrphansDropped: s.orphansDropped.Load(),
+		Breaker:        s.br.current(),
 	}
 }
 
@@ -303,7 +304,7 @@ func (s *Store) Acquire(ctx context.Context, req state.AcquireRequest) (state.An
 	pa, err := s.pg.Acquire(ctx, req)
 	if err != nil {
 		if haveRedis && ra.Outcome == state.OutcomeAcquired {
-			s.forget(ctx, claimOf(ra))
+			s.dropOrphan(ctx, claimOf(ra))
 		}
 		return state.Answer{}, pgErr("acquire", err)
 	}
@@ -317,15 +318,15 @@ func (s *Store) Acquire(ctx context.Context, req state.AcquireRequest) (state.An
 	return pa, nil
 }
 
-// forget releases a Redis claim that PostgreSQL never got. It runs on a
+// dropOrphan drops a Redis claim that PostgreSQL does not hold. It runs on a
 // context detached from the caller's cancellation (bounded by RedisTimeout)
 // because the caller's deadline is often what failed PostgreSQL.
-func (s *Store) forget(ctx context.Context, claim state.Claim) {
+func (s *Store) dropOrphan(ctx context.Context, claim state.Claim) {
 	if s.tryRedis(context.WithoutCancel(ctx), func(ctx context.Context) error {
-		_, err := s.redis.Forget(ctx, claim)
+		_, err := s.redis.DropOrphan(ctx, claim)
 		return err
 	}) {
-		s.forgets.Add(1)
+		s.orphansDropped.Add(1)
 	}
 }
 
@@ -346,31 +347,31 @@ func (s *Store) Complete(ctx context.Context, claim state.Claim, c state.Complet
 	return a, nil
 }
 
-// Release implements state.Store: PostgreSQL decides, Redis follows.
-func (s *Store) Release(ctx context.Context, claim state.Claim) (state.Answer, error) {
-	a, err := s.pg.Release(ctx, claim)
+// EndLease implements state.Store: PostgreSQL decides, Redis follows.
+func (s *Store) EndLease(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	a, err := s.pg.EndLease(ctx, claim)
 	if err != nil {
-		return state.Answer{}, pgErr("release", err)
+		return state.Answer{}, pgErr("end lease", err)
 	}
 	s.afterTruth(ctx, a, state.OutcomeOK)
 	return a, nil
 }
 
-// Abandon implements state.Store: PostgreSQL decides, Redis follows. When
-// PostgreSQL deleted the claim (or never had it), the Redis copy is dropped
-// with Forget, which deletes the key only while it still holds this claim:
+// AbandonUnsent implements state.Store: PostgreSQL decides, Redis follows.
+// When PostgreSQL deleted the claim (or never had it), the Redis copy is
+// dropped with DropOrphan, which deletes the key only while it still holds this claim:
 // a newer claim another confirm made in the meantime is left alone. A
 // taken-over claim keeps its record and Redis gets PostgreSQL's copy.
-func (s *Store) Abandon(ctx context.Context, claim state.Claim) (state.Answer, error) {
-	a, err := s.pg.Abandon(ctx, claim)
+func (s *Store) AbandonUnsent(ctx context.Context, claim state.Claim) (state.Answer, error) {
+	a, err := s.pg.AbandonUnsent(ctx, claim)
 	if err != nil {
-		return state.Answer{}, pgErr("abandon", err)
+		return state.Answer{}, pgErr("abandon unsent", err)
 	}
 	switch {
 	case a.Record.Key == "":
 		// Deleted, or absent in PostgreSQL: a Redis claim of ours would
 		// only make the next confirm ask PostgreSQL again.
-		s.forget(ctx, claim)
+		s.dropOrphan(ctx, claim)
 	case a.Outcome == state.OutcomeOK:
 		s.repair(ctx, a.Record)
 	}

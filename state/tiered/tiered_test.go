@@ -76,9 +76,9 @@ func (c *countingCache) Repair(ctx context.Context, rec state.Record, ttl time.D
 	return c.Cache.Repair(ctx, rec, ttl)
 }
 
-func (c *countingCache) Forget(ctx context.Context, cl state.Claim) (bool, error) {
+func (c *countingCache) DropOrphan(ctx context.Context, cl state.Claim) (bool, error) {
 	c.n.Add(1)
-	return c.Cache.Forget(ctx, cl)
+	return c.Cache.DropOrphan(ctx, cl)
 }
 
 func (c *countingCache) Ping(ctx context.Context) error {
@@ -231,7 +231,7 @@ func TestFlushAfterDoneStillReplays(t *testing.T) {
 	rec, found, err := rs.Get(ctx, key)
 	require.NoError(t, err)
 	require.True(t, found)
-	require.Equal(t, state.StateDone, rec.State)
+	require.Equal(t, state.Done, rec.State)
 	statetest.RequireSameResult(t, statetest.SampleResult(), rec.Result)
 	before := pg.acquires.Load()
 	r, err = s.Acquire(ctx, statetest.AcquireRequest(key, "owner-c"))
@@ -289,7 +289,7 @@ func TestRedisInFlightOrUnknownIsCheckedAgainstPostgres(t *testing.T) {
 	statetest.RequireOutcome(t, state.OutcomeOK, m, err)
 	rec, _, err := rs.Get(ctx, key)
 	require.NoError(t, err)
-	require.Equal(t, state.StateUnknown, rec.State)
+	require.Equal(t, state.Unknown, rec.State)
 	r, err := pg.Resolve(ctx, key, statetest.Done())
 	statetest.RequireOutcome(t, state.OutcomeOK, r, err)
 
@@ -298,7 +298,7 @@ func TestRedisInFlightOrUnknownIsCheckedAgainstPostgres(t *testing.T) {
 	statetest.RequireSameResult(t, statetest.SampleResult(), got.Record.Result)
 	rec, _, err = rs.Get(ctx, key)
 	require.NoError(t, err)
-	require.Equal(t, state.StateDone, rec.State, "redis repaired")
+	require.Equal(t, state.Done, rec.State, "redis repaired")
 
 	// The owner finished in PostgreSQL but the Redis copy never happened.
 	key2 := statetest.NewKey(t)
@@ -330,7 +330,7 @@ func TestStaleOwnerAfterTakeoverLeavesNewResult(t *testing.T) {
 	key := statetest.NewKey(t)
 	a, err := s.Acquire(ctx, statetest.AcquireRequest(key, "owner-a"))
 	statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
-	rel, err := s.Release(ctx, state.Claim{Key: key, Owner: "owner-a", Fence: 1})
+	rel, err := s.EndLease(ctx, state.Claim{Key: key, Owner: "owner-a", Fence: 1})
 	statetest.RequireOutcome(t, state.OutcomeOK, rel, err)
 	tk, err := s.Takeover(ctx, state.TakeoverRequest{Key: key, NewOwner: "owner-b", Fence: 1, Lease: time.Minute})
 	statetest.RequireOutcome(t, state.OutcomeAcquired, tk, err)
@@ -397,7 +397,7 @@ func TestRedisKilledBreakerOpensAndComesBack(t *testing.T) {
 		rec, found, err := s.Get(ctx, during)
 		require.NoError(t, err)
 		require.True(t, found)
-		require.Equal(t, state.StateDone, rec.State)
+		require.Equal(t, state.Done, rec.State)
 	}
 	require.Equal(t, redisCalls, cache.n.Load(), "no Redis call while the breaker is open")
 	require.Greater(t, s.Stats().RedisSkipped, skipped+20)
@@ -422,7 +422,7 @@ func TestRedisKilledBreakerOpensAndComesBack(t *testing.T) {
 	rec, found, err := rs.Get(ctx, during)
 	require.NoError(t, err)
 	require.True(t, found)
-	require.Equal(t, state.StateDone, rec.State)
+	require.Equal(t, state.Done, rec.State)
 	pgAcquires := pg.acquires.Load()
 	r, err = s.Acquire(ctx, statetest.AcquireRequest(during, "later"))
 	statetest.RequireOutcome(t, state.OutcomeDone, r, err)
@@ -499,7 +499,7 @@ func TestPostgresUnreachableRefusesAndReleasesRedisClaim(t *testing.T) {
 	_, found, err := rs.Get(ctx, key)
 	require.NoError(t, err)
 	require.False(t, found, "the Redis claim made by the failed call is released")
-	require.Equal(t, uint64(1), s.Stats().Forgets)
+	require.Equal(t, uint64(1), s.Stats().OrphansDropped)
 
 	_, err = s.Complete(ctx, state.Claim{Key: key, Owner: "o", Fence: 1}, statetest.Done())
 	require.ErrorIs(t, err, state.ErrUnavailable)
@@ -513,7 +513,7 @@ func TestPostgresUnreachableRefusesAndReleasesRedisClaim(t *testing.T) {
 	res := statetest.SampleResult()
 	now := time.Now()
 	_, err = rs.Repair(ctx, state.Record{
-		Key: done, Scope: "payments.transfer", SubjectTag: "subj-tag-1", ParamHash: "ph-1", State: state.StateDone,
+		Key: done, Scope: "payments.transfer", SubjectTag: "subj-tag-1", ParamHash: "ph-1", State: state.Done,
 		Owner: "o", Fence: 1, LeaseUntil: now, CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(time.Hour), Result: &res,
 	}, time.Hour)
 	require.NoError(t, err)
@@ -523,7 +523,7 @@ func TestPostgresUnreachableRefusesAndReleasesRedisClaim(t *testing.T) {
 	rec, found, err := s.Get(ctx, done)
 	require.NoError(t, err)
 	require.True(t, found)
-	require.Equal(t, state.StateDone, rec.State)
+	require.Equal(t, state.Done, rec.State)
 }
 
 func TestPostgresDroppedDatabaseRefuses(t *testing.T) {
@@ -547,7 +547,7 @@ func TestNewNeedsBothBackends(t *testing.T) {
 	require.ErrorIs(t, err, state.ErrInvalidArgument)
 }
 
-// Abandon keeps Redis in line with PostgreSQL: a deleted fresh claim leaves
+// AbandonUnsent keeps Redis in line with PostgreSQL: a deleted fresh claim leaves
 // no Redis copy behind (the next confirm is answered ACQUIRED at once), a
 // taken-over claim's ended lease is copied, and a Redis claim PostgreSQL
 // never had (an orphan of a failed Acquire) is dropped too.
@@ -561,7 +561,7 @@ func TestAbandonFollowsPostgresIntoRedis(t *testing.T) {
 	fresh := statetest.NewKey(t)
 	a, err := s.Acquire(ctx, statetest.AcquireRequest(fresh, "owner-a"))
 	statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
-	ab, err := s.Abandon(ctx, state.Claim{Key: fresh, Owner: "owner-a", Fence: 1})
+	ab, err := s.AbandonUnsent(ctx, state.Claim{Key: fresh, Owner: "owner-a", Fence: 1})
 	statetest.RequireOutcome(t, state.OutcomeOK, ab, err)
 	_, found, err := rs.Get(ctx, fresh)
 	require.NoError(t, err)
@@ -571,11 +571,11 @@ func TestAbandonFollowsPostgresIntoRedis(t *testing.T) {
 	taken := statetest.NewKey(t)
 	a, err = s.Acquire(ctx, statetest.AcquireRequest(taken, "owner-a"))
 	statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
-	_, err = s.Release(ctx, state.Claim{Key: taken, Owner: "owner-a", Fence: 1})
+	_, err = s.EndLease(ctx, state.Claim{Key: taken, Owner: "owner-a", Fence: 1})
 	require.NoError(t, err)
 	tk, err := s.Takeover(ctx, state.TakeoverRequest{Key: taken, NewOwner: "owner-b", Fence: 1, Lease: time.Minute})
 	statetest.RequireOutcome(t, state.OutcomeAcquired, tk, err)
-	ab, err = s.Abandon(ctx, state.Claim{Key: taken, Owner: "owner-b", Fence: 2})
+	ab, err = s.AbandonUnsent(ctx, state.Claim{Key: taken, Owner: "owner-b", Fence: 2})
 	statetest.RequireOutcome(t, state.OutcomeOK, ab, err)
 	rec, found, err := rs.Get(ctx, taken)
 	require.NoError(t, err)
@@ -586,7 +586,7 @@ func TestAbandonFollowsPostgresIntoRedis(t *testing.T) {
 	orphan := statetest.NewKey(t)
 	o, err := rs.Acquire(ctx, statetest.AcquireRequest(orphan, "ghost"))
 	statetest.RequireOutcome(t, state.OutcomeAcquired, o, err)
-	ab, err = s.Abandon(ctx, state.Claim{Key: orphan, Owner: "ghost", Fence: 1})
+	ab, err = s.AbandonUnsent(ctx, state.Claim{Key: orphan, Owner: "ghost", Fence: 1})
 	statetest.RequireOutcome(t, state.OutcomeNotOwner, ab, err)
 	_, found, err = rs.Get(ctx, orphan)
 	require.NoError(t, err)

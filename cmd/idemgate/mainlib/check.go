@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/fingerprint"
 )
@@ -23,7 +24,7 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "check-config: --config is required")
 		return ErrUsage
 	}
-	rt, warns, err := config.Load(*path, config.Options{Offline: *offline})
+	cfg, warns, err := settings.Load(*path, config.Options{Offline: *offline})
 	for _, w := range warns {
 		fmt.Fprintf(stderr, "warning: %s\n", w)
 	}
@@ -38,7 +39,7 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 	if *offline {
 		fmt.Fprintln(stdout, "(offline check: the secrets named below were not read)")
 	}
-	return rt.WriteSummary(stdout)
+	return cfg.WriteSummary(stdout)
 }
 
 // keygen prints a new signing key.

@@ -11,7 +11,7 @@ import (
 	"log/slog"
 	"strings"
 
-	"github.com/idemgate/idemgate/extproc/config"
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 )
 
 // Version is set at build time (-ldflags -X .../mainlib.Version=...).
@@ -103,7 +103,7 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 // newLogger builds the process logger.
-func newLogger(w io.Writer, s config.LogSettings) *slog.Logger {
+func newLogger(w io.Writer, s settings.LogSettings) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: s.Level}
 	if s.Format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))

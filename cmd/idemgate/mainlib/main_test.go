@@ -80,7 +80,7 @@ func TestCheckConfig(t *testing.T) {
 	require.NotContains(t, out.String(), testKey)
 
 	out.Reset()
-	bad := "../../../extproc/config/testdata/bad/many_problems.yaml"
+	bad := "../settings/testdata/bad/many_problems.yaml"
 	t.Setenv("IDEMGATE_TEST_KEY_K1", testKey)
 	err := Main(t.Context(), []string{"check-config", "--config", bad}, &out, &errOut)
 	require.EqualError(t, err, bad+": 4 problem(s)")
@@ -91,7 +91,7 @@ func TestCheckConfig(t *testing.T) {
 
 	// Warnings are printed and do not fail the check.
 	errOut.Reset()
-	warn := "../../../extproc/config/testdata/warn/in_flight_short.yaml"
+	warn := "../settings/testdata/warn/in_flight_short.yaml"
 	require.NoError(t, Main(t.Context(), []string{"check-config", "--config", warn}, &out, &errOut))
 	require.Contains(t, errOut.String(), "warning: "+warn+":18:23: operations[0].upstream_timeout: ttl.in_flight (30s) should exceed")
 }
@@ -117,7 +117,7 @@ func TestCheckConfigOfflineAcceptsTheShippedConfigs(t *testing.T) {
 func TestServeRefusesABadConfigListingEveryProblem(t *testing.T) {
 	var errOut bytes.Buffer
 	t.Setenv("IDEMGATE_TEST_KEY_K1", testKey)
-	bad := "../../../extproc/config/testdata/bad/many_problems.yaml"
+	bad := "../settings/testdata/bad/many_problems.yaml"
 	err := Main(t.Context(), []string{"serve", "--config", bad}, io.Discard, &errOut)
 	require.Error(t, err)
 	require.Equal(t, 5, strings.Count(err.Error(), "\n")+1, err.Error()) // header line + 4 problems
@@ -410,7 +410,7 @@ func TestMigrateAndOps(t *testing.T) {
 	rec, found, err := pg.Get(t.Context(), nonce)
 	require.NoError(t, err)
 	require.True(t, found)
-	require.Equal(t, state.StateDone, rec.State)
+	require.Equal(t, state.Done, rec.State)
 	require.Equal(t, `{"transfer_id":"tr_checked_by_hand"}`, string(rec.Result.Body))
 	require.Equal(t, "application/json", rec.Result.ContentType())
 

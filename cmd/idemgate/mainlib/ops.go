@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/state"
 	"github.com/idemgate/idemgate/state/postgres"
@@ -43,7 +44,7 @@ func (f dbFlags) resolve(stderr io.Writer) (dsn string, terminal time.Duration, 
 	case *f.dsn != "":
 		return *f.dsn, config.DefaultTerminalTTL, nil
 	case *f.config != "":
-		rt, _, err := config.Load(*f.config, config.Options{})
+		cfg, _, err := settings.Load(*f.config, config.Options{})
 		if err != nil {
 			var p *config.Problem
 			if errors.As(err, &p) {
@@ -51,10 +52,10 @@ func (f dbFlags) resolve(stderr io.Writer) (dsn string, terminal time.Duration, 
 			}
 			return "", 0, err
 		}
-		if rt.Store.Postgres == nil {
+		if cfg.Store.Postgres == nil {
 			return "", 0, fmt.Errorf("%s configures no store.postgres", *f.config)
 		}
-		return rt.Store.Postgres.DSN.Reveal(), rt.TTL.Terminal, nil
+		return cfg.Store.Postgres.DSN.Reveal(), cfg.Runtime.TTL.Terminal, nil
 	default:
 		fmt.Fprintln(stderr, "--dsn or --config is required")
 		return "", 0, ErrUsage
@@ -116,9 +117,9 @@ func (f dbFlags) withPostgres(ctx context.Context, stderr io.Writer, fn func(ctx
 	return fn(ctx, pg, terminal)
 }
 
-func parseState(s string) (state.State, error) {
-	switch st := state.State(strings.ToUpper(s)); st {
-	case "", state.StateInFlight, state.StateUnknown, state.StateDone, state.StateFailed:
+func parseState(s string) (state.RecordState, error) {
+	switch st := state.RecordState(strings.ToUpper(s)); st {
+	case "", state.InFlight, state.Unknown, state.Done, state.Failed:
 		return st, nil
 	}
 	return "", fmt.Errorf("unknown state %q (known: UNKNOWN, IN_FLIGHT, DONE, FAILED)", s)
@@ -243,9 +244,9 @@ func opsResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return fmt.Errorf("failed to read the body: %w", err)
 		}
 	}
-	st := state.StateDone
+	st := state.Done
 	if *failed {
-		st = state.StateFailed
+		st = state.Failed
 	}
 	res := state.Result{Status: *status, Body: payload}
 	if len(payload) > 0 && *contentType != "" {

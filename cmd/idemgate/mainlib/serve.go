@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/security"
@@ -41,7 +42,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "serve: --config is required")
 		return ErrUsage
 	}
-	rt, warns, err := config.Load(*path, config.Options{})
+	cfg, warns, err := settings.Load(*path, config.Options{})
 	if err != nil {
 		var p *config.Problem
 		if errors.As(err, &p) {
@@ -50,19 +51,19 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	if *grpcListen != "" {
-		rt.GRPCListen = *grpcListen
+		cfg.GRPCListen = *grpcListen
 	}
 	if *adminListen != "" {
-		rt.AdminListen = *adminListen
+		cfg.AdminListen = *adminListen
 	}
-	logger := newLogger(stderr, rt.Log)
+	logger := newLogger(stderr, cfg.Log)
 	for _, w := range warns {
 		logger.Warn("config warning", "problem", w.Error())
 	}
 	if *withPprof {
-		logger.Warn("profiler enabled: /debug/pprof/ is served on the admin listener", "admin", rt.AdminListen)
+		logger.Warn("profiler enabled: /debug/pprof/ is served on the admin listener", "admin", cfg.AdminListen)
 	}
-	return run(ctx, rt, logger, stderr, adminOptions{pprof: *withPprof})
+	return run(ctx, cfg, logger, stderr, adminOptions{pprof: *withPprof})
 }
 
 // adminOptions are what the admin server serves besides /metrics, /healthz
@@ -76,23 +77,23 @@ type adminOptions struct {
 }
 
 // run serves a compiled config on the addresses it names.
-func run(ctx context.Context, rt *config.Runtime, logger *slog.Logger, stderr io.Writer, admin adminOptions) error {
-	grpcLis, err := net.Listen("tcp", rt.GRPCListen)
+func run(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, stderr io.Writer, admin adminOptions) error {
+	grpcLis, err := net.Listen("tcp", cfg.GRPCListen)
 	if err != nil {
-		return fmt.Errorf("failed to listen on grpc_listen %s: %w", rt.GRPCListen, err)
+		return fmt.Errorf("failed to listen on grpc_listen %s: %w", cfg.GRPCListen, err)
 	}
-	adminLis, err := net.Listen("tcp", rt.AdminListen)
+	adminLis, err := net.Listen("tcp", cfg.AdminListen)
 	if err != nil {
 		grpcLis.Close()
-		return fmt.Errorf("failed to listen on admin_listen %s: %w", rt.AdminListen, err)
+		return fmt.Errorf("failed to listen on admin_listen %s: %w", cfg.AdminListen, err)
 	}
 	// One plain line, whatever the log format, for harnesses to wait on.
-	return runOnWith(ctx, rt, logger, grpcLis, adminLis, func() { fmt.Fprintln(stderr, "ready") }, admin)
+	return runOnWith(ctx, cfg, logger, grpcLis, adminLis, func() { fmt.Fprintln(stderr, "ready") }, admin)
 }
 
 // runOnWith serves a compiled config on listeners that are already open.
 // It closes both listeners and calls onReady once both are being served.
-func runOnWith(ctx context.Context, rt *config.Runtime, logger *slog.Logger, grpcLis, adminLis net.Listener, onReady func(), adminOpts adminOptions) error {
+func runOnWith(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, grpcLis, adminLis net.Listener, onReady func(), adminOpts adminOptions) error {
 	// Serve and Shutdown close them too; this covers the early returns.
 	defer grpcLis.Close()
 	defer adminLis.Close()
@@ -101,13 +102,14 @@ func runOnWith(ctx context.Context, rt *config.Runtime, logger *slog.Logger, grp
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := extproc.NewMetrics(reg)
 
-	if rt.Store.Backend() == "memory" {
+	rt := cfg.Runtime
+	if cfg.Store.Backend() == "memory" {
 		logger.Warn("RUNNING ON THE EMBEDDED MEMORY STORE: idempotency records live in this process only and are lost on restart; " +
 			"several replicas do not share them. Configure store.redis and store.postgres for production.")
 	}
 	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBackground()
-	ss, err := openStore(bg, rt, metrics, logger)
+	ss, err := openStore(bg, cfg.Store, metrics, logger)
 	if err != nil {
 		return err
 	}
@@ -117,7 +119,7 @@ func runOnWith(ctx context.Context, rt *config.Runtime, logger *slog.Logger, grp
 		URL: rt.Webhook.URL, Timeout: rt.Webhook.Timeout, QueueSize: rt.Webhook.QueueSize,
 	})
 	defer reporter.Close()
-	tracer, stopTracing, err := startTracing(bg, rt.Tracing)
+	tracer, stopTracing, err := startTracing(bg, cfg.Tracing)
 	if err != nil {
 		return err
 	}
@@ -164,13 +166,13 @@ func runOnWith(ctx context.Context, rt *config.Runtime, logger *slog.Logger, grp
 	// Drain: tell Envoy (gRPC health) and Kubernetes (/readyz) first, keep
 	// serving for the drain period, then stop taking streams and let open
 	// ones finish (their records are settled before Process returns).
-	logger.Info("draining", "period", rt.Drain.Period, "timeout", rt.Drain.Timeout)
+	logger.Info("draining", "period", cfg.Drain.Period, "timeout", cfg.Drain.Timeout)
 	extproc.SetServing(hs, false)
 	ready.draining.Store(true)
 	metrics.SetReady(false)
 	if serveErr == nil {
 		select {
-		case <-time.After(rt.Drain.Period):
+		case <-time.After(cfg.Drain.Period):
 		case serveErr = <-errs:
 		}
 	}
@@ -181,7 +183,7 @@ func runOnWith(ctx context.Context, rt *config.Runtime, logger *slog.Logger, grp
 	}()
 	select {
 	case <-stopped:
-	case <-time.After(rt.Drain.Timeout):
+	case <-time.After(cfg.Drain.Timeout):
 		logger.Warn("drain timeout reached; closing the remaining streams")
 		gs.Stop()
 		<-stopped

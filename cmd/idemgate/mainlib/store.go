@@ -9,8 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc"
-	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/state"
 	"github.com/idemgate/idemgate/state/memory"
 	"github.com/idemgate/idemgate/state/postgres"
@@ -29,8 +29,7 @@ type storeSet struct {
 // openStore builds the configured store without waiting for any service: a
 // store that is down at start must not stop serve (it starts not ready and
 // answers confirms with temporarily_unavailable until the store answers).
-func openStore(ctx context.Context, rt *config.Runtime, metrics *extproc.Metrics, logger *slog.Logger) (*storeSet, error) {
-	s := rt.Store
+func openStore(ctx context.Context, s settings.StoreSettings, metrics *extproc.Metrics, logger *slog.Logger) (*storeSet, error) {
 	ss := &storeSet{backend: s.Backend()}
 	obs := metrics.StoreObserver()
 	var pgStore state.Store
@@ -125,11 +124,9 @@ const readinessPingTimeout = 5 * time.Second
 // watch keeps retrying migrations (PostgreSQL) and script loading (Redis)
 // until they succeed, then pings the store; readiness follows the answers.
 func (r *readiness) watch(ctx context.Context, ss *storeSet, metrics *extproc.Metrics, logger *slog.Logger) {
-	migrated := ss.pg == nil
-	scripts := ss.redis == nil
-	warmed := ss.pg == nil
+	done := startupSteps{migrated: ss.pg == nil, warmed: ss.pg == nil, scripts: ss.redis == nil}
 	for {
-		ready, reason := r.check(ctx, ss, &migrated, &scripts, &warmed)
+		ready, reason := r.check(ctx, ss, &done)
 		if r.set(ready, reason) {
 			if ready {
 				logger.Info("store ready", "store", ss.backend)
@@ -151,17 +148,26 @@ func (r *readiness) watch(ctx context.Context, ss *storeSet, metrics *extproc.Me
 	}
 }
 
-func (r *readiness) check(ctx context.Context, ss *storeSet, migrated, scripts, warmed *bool) (bool, string) {
-	if !*migrated {
+// startupSteps are the one-time steps before the first "ready"; a step is
+// true once done (or when the store has nothing to do for it).
+type startupSteps struct {
+	migrated bool // PostgreSQL migrations applied
+	warmed   bool // PostgreSQL's warm connections open, statements prepared
+	scripts  bool // Redis scripts loaded
+}
+
+// check runs the steps not done yet, then pings the store.
+func (r *readiness) check(ctx context.Context, ss *storeSet, done *startupSteps) (bool, string) {
+	if !done.migrated {
 		mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := ss.pg.Migrate(mctx)
 		cancel()
 		if err != nil {
 			return false, "postgres migrations not applied: " + err.Error()
 		}
-		*migrated = true
+		done.migrated = true
 	}
-	if !*warmed {
+	if !done.warmed {
 		// Before the first "ready": the pool's warm connections exist and
 		// have the request path's statements prepared.
 		wctx, cancel := context.WithTimeout(ctx, readinessPingTimeout)
@@ -170,14 +176,14 @@ func (r *readiness) check(ctx context.Context, ss *storeSet, migrated, scripts, 
 		if err != nil {
 			return false, "postgres connections not open: " + err.Error()
 		}
-		*warmed = true
+		done.warmed = true
 	}
-	if !*scripts {
+	if !done.scripts {
 		lctx, cancel := context.WithTimeout(ctx, readinessPingTimeout)
 		err := ss.redis.LoadScripts(lctx)
 		cancel()
 		if err == nil {
-			*scripts = true
+			done.scripts = true
 		} else if ss.backend == "redis" {
 			return false, "redis scripts not loaded: " + err.Error()
 		}

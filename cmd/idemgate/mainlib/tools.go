@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/tooldefs"
 )
@@ -25,7 +26,7 @@ func tools(args []string, stdout, stderr io.Writer) error {
 	// The definitions need the operations and their envelopes, never a
 	// secret: load offline, so this runs where the keys and DSN do not exist
 	// (a laptop, CI). The runtime is only read, never served.
-	rt, warns, err := config.Load(*path, config.Options{Offline: true})
+	cfg, warns, err := settings.Load(*path, config.Options{Offline: true})
 	for _, w := range warns {
 		fmt.Fprintf(stderr, "warning: %s\n", w)
 	}
@@ -37,7 +38,7 @@ func tools(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, err)
 		return fmt.Errorf("%s: %d problem(s)", *path, countProblems(err))
 	}
-	defs, err := tooldefs.Definitions(rt)
+	defs, err := tooldefs.Definitions(cfg.Runtime)
 	if err != nil {
 		return err
 	}

@@ -12,8 +12,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc"
-	"github.com/idemgate/idemgate/extproc/config"
 )
 
 // startTracing builds the tracer serve hands the server and the store
@@ -24,7 +24,7 @@ import (
 // The provider is not installed as the global one: idemgate's spans come
 // only from this tracer, and a library reaching for otel.GetTracerProvider
 // keeps the no-op default.
-func startTracing(ctx context.Context, s config.TracingSettings) (trace.Tracer, func(context.Context) error, error) {
+func startTracing(ctx context.Context, s settings.TracingSettings) (trace.Tracer, func(context.Context) error, error) {
 	if !s.Enabled {
 		return nil, func(context.Context) error { return nil }, nil
 	}

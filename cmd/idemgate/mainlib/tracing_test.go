@@ -8,11 +8,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemgate/idemgate/extproc/config"
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 )
 
 func TestStartTracingOffHasNoTracer(t *testing.T) {
-	tracer, shutdown, err := startTracing(t.Context(), config.TracingSettings{})
+	tracer, shutdown, err := startTracing(t.Context(), settings.TracingSettings{})
 	require.NoError(t, err)
 	require.Nil(t, tracer, "no tracer: the server skips every hook")
 	require.NoError(t, shutdown(t.Context()))
@@ -26,7 +26,7 @@ func TestStartTracingWithoutACollector(t *testing.T) {
 	addr := lis.Addr().String()
 	require.NoError(t, lis.Close())
 
-	tracer, shutdown, err := startTracing(t.Context(), config.TracingSettings{
+	tracer, shutdown, err := startTracing(t.Context(), settings.TracingSettings{
 		Enabled: true, Endpoint: addr, Insecure: true, Timeout: 200 * time.Millisecond, SampleRatio: 1, ServiceName: "t",
 	})
 	require.NoError(t, err)

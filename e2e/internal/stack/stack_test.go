@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/envoy"
 	"github.com/idemgate/idemgate/extproc/config"
 )
@@ -59,7 +60,7 @@ func TestIdemgateConfigIsTheShippedOne(t *testing.T) {
 	require.Equal(t, want, got)
 
 	key := base64.StdEncoding.EncodeToString(make([]byte, 32))
-	rt, _, err := config.Parse("derived.yaml", out, t.TempDir(), config.Options{LookupEnv: func(name string) (string, bool) {
+	cfg, _, err := settings.Parse("derived.yaml", out, t.TempDir(), config.Options{LookupEnv: func(name string) (string, bool) {
 		switch name {
 		case signingKeyEnv:
 			return key, true
@@ -69,16 +70,17 @@ func TestIdemgateConfigIsTheShippedOne(t *testing.T) {
 		return "", false
 	}})
 	require.NoError(t, err)
-	require.Equal(t, "127.0.0.1:1001", rt.GRPCListen)
-	require.Equal(t, "127.0.0.1:1002", rt.AdminListen)
-	require.Equal(t, []string{"127.0.0.1:1003"}, rt.Store.Redis.Addrs)
-	require.Equal(t, "tiered", rt.Store.Backend())
+	rt := cfg.Runtime
+	require.Equal(t, "127.0.0.1:1001", cfg.GRPCListen)
+	require.Equal(t, "127.0.0.1:1002", cfg.AdminListen)
+	require.Equal(t, []string{"127.0.0.1:1003"}, cfg.Store.Redis.Addrs)
+	require.Equal(t, "tiered", cfg.Store.Backend())
 	require.Equal(t, storeTimeout, rt.Store.Timeout)
 	require.Equal(t, config.TTLSettings{Fingerprint: 3 * time.Second, InFlight: 2 * time.Second, Terminal: 72 * time.Hour}, rt.TTL)
 	require.Len(t, rt.Operations, 2, "the HTTP operation and the MCP one")
 	require.False(t, rt.Operations[0].HonoursKeys())
 	require.False(t, rt.Operations[1].HonoursKeys())
-	require.Equal(t, "text", rt.Log.Format)
+	require.Equal(t, "text", cfg.Log.Format)
 
 	// Without options only addresses, logs, drain and deadlines change.
 	out, err = idemgateConfig{grpcAddr: "127.0.0.1:1", adminAddr: "127.0.0.1:2", redisAddr: "127.0.0.1:3"}.render()

@@ -1,4 +1,4 @@
-package config
+package settings
 
 import (
 	"bytes"
@@ -42,26 +42,26 @@ func TestRedisTLS(t *testing.T) {
 	t.Run("CA and client certificate", func(t *testing.T) {
 		block := fmt.Sprintf("{ca_file: %s, cert_file: %s, key_file: %s, server_name: redis.internal}",
 			rel(files.CAFile), rel(files.ClientCertFile), rel(files.ClientKeyFile))
-		rt, _, err := Parse("idemgate.yaml", redisTLSConfig(block), dir, testOptions())
+		cfg, _, err := Parse("idemgate.yaml", redisTLSConfig(block), dir, testOptions())
 		require.NoError(t, err)
-		tlsSettings := rt.Store.Redis.TLS
+		tlsSettings := cfg.Store.Redis.TLS
 		require.NotNil(t, tlsSettings)
-		cfg := tlsSettings.Config
-		require.NotNil(t, cfg.RootCAs)
-		require.Len(t, cfg.Certificates, 1)
-		require.Equal(t, "redis.internal", cfg.ServerName)
-		require.False(t, cfg.InsecureSkipVerify)
+		tc := tlsSettings.Config
+		require.NotNil(t, tc.RootCAs)
+		require.Len(t, tc.Certificates, 1)
+		require.Equal(t, "redis.internal", tc.ServerName)
+		require.False(t, tc.InsecureSkipVerify)
 		require.Equal(t, "tls, ca ca.pem, client cert client.pem, server name redis.internal", tlsSettings.Summary)
 
 		// The key never reaches a log line, JSON or the summary.
 		key, err := os.ReadFile(files.ClientKeyFile)
 		require.NoError(t, err)
 		var logs bytes.Buffer
-		slog.New(slog.NewTextHandler(&logs, nil)).Info("config", "redis", rt.Store.Redis, "tls", tlsSettings)
-		jsonBytes, err := json.Marshal(rt.Store)
+		slog.New(slog.NewTextHandler(&logs, nil)).Info("config", "redis", cfg.Store.Redis, "tls", tlsSettings)
+		jsonBytes, err := json.Marshal(cfg.Store)
 		require.NoError(t, err)
 		var summary bytes.Buffer
-		require.NoError(t, rt.WriteSummary(&summary))
+		require.NoError(t, cfg.WriteSummary(&summary))
 		require.Contains(t, summary.String(), tlsSettings.Summary)
 		for _, out := range []string{logs.String(), string(jsonBytes), summary.String(), fmt.Sprintf("%v", tlsSettings)} {
 			require.NotContains(t, out, "PRIVATE KEY")
@@ -70,10 +70,10 @@ func TestRedisTLS(t *testing.T) {
 	})
 
 	t.Run("empty block uses the system roots", func(t *testing.T) {
-		rt, _, err := Parse("idemgate.yaml", redisTLSConfig("{}"), dir, testOptions())
+		cfg, _, err := Parse("idemgate.yaml", redisTLSConfig("{}"), dir, testOptions())
 		require.NoError(t, err)
-		require.Nil(t, rt.Store.Redis.TLS.Config.RootCAs)
-		require.Equal(t, "tls, system roots", rt.Store.Redis.TLS.Summary)
+		require.Nil(t, cfg.Store.Redis.TLS.Config.RootCAs)
+		require.Equal(t, "tls, system roots", cfg.Store.Redis.TLS.Summary)
 	})
 
 	t.Run("files that are not what they claim", func(t *testing.T) {
@@ -88,8 +88,8 @@ func TestRedisTLS(t *testing.T) {
 		offline := testOptions()
 		offline.Offline = true
 		offline.ReadFile = func(name string) ([]byte, error) { return nil, fmt.Errorf("read %s: not here", name) }
-		rt, _, err := Parse("idemgate.yaml", redisTLSConfig("{ca_file: /etc/idemgate/redis/ca.pem, cert_file: c.pem, key_file: k.pem}"), "", offline)
+		cfg, _, err := Parse("idemgate.yaml", redisTLSConfig("{ca_file: /etc/idemgate/redis/ca.pem, cert_file: c.pem, key_file: k.pem}"), "", offline)
 		require.NoError(t, err)
-		require.Equal(t, "tls, ca /etc/idemgate/redis/ca.pem, client cert c.pem", rt.Store.Redis.TLS.Summary)
+		require.Equal(t, "tls, ca /etc/idemgate/redis/ca.pem, client cert c.pem", cfg.Store.Redis.TLS.Summary)
 	})
 }

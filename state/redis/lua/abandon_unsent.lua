@@ -3,7 +3,7 @@
 -- The owner's request never reached the upstream. A fresh claim (fence 1)
 -- is deleted so the next confirm acquires afresh; a claim made by a
 -- takeover (an earlier attempt may have executed) only ends its lease,
--- like release.lua.
+-- like end_lease.lua.
 local key = KEYS[1]
 local now = now_us()
 local h = redis.call('HMGET', key, 'state', 'owner', 'fence')

@@ -1,4 +1,4 @@
-package config
+package settings
 
 import (
 	"os"
@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemgate/idemgate/extproc/config"
 )
 
 // TestBadConfigs loads one file per kind of mistake and asserts the exact
@@ -176,13 +178,13 @@ func TestBadConfigs(t *testing.T) {
 	require.Len(t, files, len(cases), "every file in testdata/bad needs a case")
 	for _, tc := range cases {
 		t.Run(tc.file, func(t *testing.T) {
-			rt, _, err := Load(filepath.Join("testdata", "bad", tc.file), testOptions())
-			require.Nil(t, rt)
+			cfg, _, err := Load(filepath.Join("testdata", "bad", tc.file), testOptions())
+			require.Nil(t, cfg)
 			require.Error(t, err)
 			got := strings.Split(strings.ReplaceAll(err.Error(), "testdata/bad/", ""), "\n")
 			require.Equal(t, tc.want, got)
 			for _, e := range unjoin(err) {
-				var p *Problem
+				var p *config.Problem
 				require.ErrorAs(t, e, &p)
 				require.Positive(t, p.Line)
 			}
@@ -191,9 +193,9 @@ func TestBadConfigs(t *testing.T) {
 }
 
 func TestWarnings(t *testing.T) {
-	rt, warns, err := Load("testdata/warn/in_flight_short.yaml", testOptions())
+	cfg, warns, err := Load("testdata/warn/in_flight_short.yaml", testOptions())
 	require.NoError(t, err)
-	require.NotNil(t, rt)
+	require.NotNil(t, cfg)
 	var got []string
 	for _, w := range warns {
 		got = append(got, w.Error())
@@ -207,7 +209,7 @@ func TestWarnings(t *testing.T) {
 
 // normalize: nfc is opt-in per param, and check-config says when it is safe.
 func TestNormalizeNFC(t *testing.T) {
-	rt, warns, err := Load("testdata/warn/normalize_nfc.yaml", testOptions())
+	cfg, warns, err := Load("testdata/warn/normalize_nfc.yaml", testOptions())
 	require.NoError(t, err)
 	var got []string
 	for _, w := range warns {
@@ -216,12 +218,12 @@ func TestNormalizeNFC(t *testing.T) {
 	require.Equal(t, []string{
 		`testdata/warn/normalize_nfc.yaml:15:39: operations[0].params[1].normalize: nfc makes byte-different spellings of payee.name (NFD "cafe\u0301" and NFC "caf\u00e9") confirm as one value: safe only if the upstream itself NFC-normalises payee.name before using it; otherwise remove normalize and let strings compare byte for byte`,
 	}, got)
-	params := rt.Operations[0].Params
+	params := cfg.Runtime.Operations[0].Params
 	require.False(t, params[0].NFC)
 	require.True(t, params[1].NFC)
 	require.False(t, params[2].NFC, "byte for byte by default")
 	var b strings.Builder
-	require.NoError(t, rt.WriteSummary(&b))
+	require.NoError(t, cfg.WriteSummary(&b))
 	require.Contains(t, b.String(), "params   amount (decimal), payee.name (nfc: safe only if the upstream NFC-normalises it), payee.account_id;")
 }
 
@@ -239,28 +241,28 @@ operations:
     status_tool: ts
     params: [amount]
 `
-	rt, warns, err := Parse("inline.yaml", []byte(src), "", testOptions())
+	cfg, warns, err := Parse("inline.yaml", []byte(src), "", testOptions())
 	require.NoError(t, err)
 	require.Empty(t, warns)
-	require.Equal(t, DefaultGRPCListen, rt.GRPCListen)
-	require.Equal(t, DefaultAdminListen, rt.AdminListen)
-	require.Equal(t, "text", rt.Log.Format)
-	require.Equal(t, DefaultSubjectHeader, rt.Subject.Header)
-	require.Equal(t, "memory", rt.Store.Backend())
-	require.Equal(t, DefaultStoreTimeout, rt.Store.Timeout)
-	require.Equal(t, TTLSettings{Fingerprint: DefaultFingerprintTTL, InFlight: DefaultInFlightTTL, Terminal: DefaultTerminalTTL}, rt.TTL)
-	require.Equal(t, LimitSettings{MaxBodyBytes: DefaultMaxBodyBytes, MaxJSONDepth: DefaultMaxJSONDepth}, rt.Limits)
-	require.Equal(t, "en", rt.Language)
-	require.Equal(t, WebhookSettings{Timeout: DefaultWebhookTimeout, QueueSize: DefaultWebhookQueue}, rt.Webhook)
-	require.Equal(t, DrainSettings{Period: DefaultDrainPeriod, Timeout: DefaultDrainTimeout}, rt.Drain)
-	op := rt.Operations[0]
+	require.Equal(t, DefaultGRPCListen, cfg.GRPCListen)
+	require.Equal(t, DefaultAdminListen, cfg.AdminListen)
+	require.Equal(t, "text", cfg.Log.Format)
+	require.Equal(t, config.DefaultSubjectHeader, cfg.Runtime.Subject.Header)
+	require.Equal(t, "memory", cfg.Store.Backend())
+	require.Equal(t, config.DefaultStoreTimeout, cfg.Store.Timeout)
+	require.Equal(t, config.TTLSettings{Fingerprint: config.DefaultFingerprintTTL, InFlight: config.DefaultInFlightTTL, Terminal: config.DefaultTerminalTTL}, cfg.Runtime.TTL)
+	require.Equal(t, config.LimitSettings{MaxBodyBytes: config.DefaultMaxBodyBytes, MaxJSONDepth: config.DefaultMaxJSONDepth}, cfg.Runtime.Limits)
+	require.Equal(t, "en", cfg.Runtime.Language)
+	require.Equal(t, config.WebhookSettings{Timeout: config.DefaultWebhookTimeout, QueueSize: config.DefaultWebhookQueue}, cfg.Runtime.Webhook)
+	require.Equal(t, DrainSettings{Period: DefaultDrainPeriod, Timeout: DefaultDrainTimeout}, cfg.Drain)
+	op := cfg.Runtime.Operations[0]
 	require.Equal(t, "POST", op.Preview.Method)
 	require.Equal(t, "fingerprint", op.FingerprintField)
 	require.Equal(t, "idempotency-key", op.DownstreamHeader)
-	require.Equal(t, ReplayEnvelope, op.Replay)
-	require.Equal(t, DefaultPollAfter, op.PollAfter)
+	require.Equal(t, config.ReplayEnvelope, op.Replay)
+	require.Equal(t, config.DefaultPollAfter, op.PollAfter)
 	require.Nil(t, op.ResultRef)
-	require.NotNil(t, rt.Envelopes)
+	require.NotNil(t, cfg.Runtime.Envelopes)
 }
 
 func TestMetadataSubject(t *testing.T) {
@@ -270,12 +272,20 @@ subject:
 operations:
   - {name: t, scope: s, preview: {method: POST, path: /p}, confirm: {method: POST, path: /c}, status: {method: POST, path: /s}, preview_tool: a, status_tool: b, params: [x]}
 `
-	rt, _, err := Parse("inline.yaml", []byte(src), "", testOptions())
+	cfg, _, err := Parse("inline.yaml", []byte(src), "", testOptions())
 	require.NoError(t, err)
-	require.Equal(t, SubjectSource{MetadataNamespace: "envoy.filters.http.jwt_authn", MetadataPath: []string{"jwt_payload", "sub"}}, rt.Subject)
+	require.Equal(t, config.SubjectSource{MetadataNamespace: "envoy.filters.http.jwt_authn", MetadataPath: []string{"jwt_payload", "sub"}}, cfg.Runtime.Subject)
 }
 
 func TestLoadMissingFile(t *testing.T) {
-	_, _, err := Load(filepath.Join(t.TempDir(), "nope.yaml"), Options{})
+	_, _, err := Load(filepath.Join(t.TempDir(), "nope.yaml"), config.Options{})
 	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// unjoin splits an errors.Join into its parts.
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
 }

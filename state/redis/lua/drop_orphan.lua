@@ -1,7 +1,8 @@
 -- KEYS[1] record key
 -- ARGV: owner, fence
 -- Deletes the key only while it is still this owner's IN_FLIGHT claim:
--- the tiered store gives back a Redis claim that PostgreSQL never got.
+-- the tiered store drops a Redis claim that PostgreSQL never got (or has
+-- just deleted), whatever its fence.
 local key = KEYS[1]
 local now = now_us()
 local h = redis.call('HMGET', key, 'state', 'owner', 'fence')

@@ -1,10 +1,12 @@
-package config
+package settings
 
 import (
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemgate/idemgate/extproc/config"
 )
 
 const tracingBase = `signing: {active_key: k1, keys: {k1: {env: K1}}}
@@ -19,36 +21,36 @@ operations:
     params: [amount]
 `
 
-func parseTracing(t *testing.T, tracing string) (*Runtime, error) {
+func parseTracing(t *testing.T, tracing string) (*Settings, error) {
 	t.Helper()
-	rt, _, err := Parse("t.yaml", []byte(tracingBase+tracing), "", Options{LookupEnv: func(string) (string, bool) {
+	cfg, _, err := Parse("t.yaml", []byte(tracingBase+tracing), "", config.Options{LookupEnv: func(string) (string, bool) {
 		return "dGVzdC1rZXktazEtbm90LWEtc2VjcmV0LTMyYnl0ZXM=", true
 	}})
-	return rt, err
+	return cfg, err
 }
 
 func TestTracingOffByDefault(t *testing.T) {
-	rt, err := parseTracing(t, "")
+	cfg, err := parseTracing(t, "")
 	require.NoError(t, err)
-	require.False(t, rt.Tracing.Enabled)
+	require.False(t, cfg.Tracing.Enabled)
 	var b strings.Builder
-	require.NoError(t, rt.WriteSummary(&b))
+	require.NoError(t, cfg.WriteSummary(&b))
 	require.Contains(t, b.String(), "tracing:    off (no tracing.otlp)\n")
 }
 
 func TestTracingConfigured(t *testing.T) {
-	rt, err := parseTracing(t, `tracing: {otlp: {endpoint: "127.0.0.1:4317", insecure: true}, sample_ratio: 0.25, service_name: idemgate-eu}`+"\n")
+	cfg, err := parseTracing(t, `tracing: {otlp: {endpoint: "127.0.0.1:4317", insecure: true}, sample_ratio: 0.25, service_name: idemgate-eu}`+"\n")
 	require.NoError(t, err)
-	require.Equal(t, TracingSettings{Enabled: true, Endpoint: "127.0.0.1:4317", Insecure: true, Timeout: DefaultTracingTimeout, SampleRatio: 0.25, ServiceName: "idemgate-eu"}, rt.Tracing)
+	require.Equal(t, TracingSettings{Enabled: true, Endpoint: "127.0.0.1:4317", Insecure: true, Timeout: DefaultTracingTimeout, SampleRatio: 0.25, ServiceName: "idemgate-eu"}, cfg.Tracing)
 	var b strings.Builder
-	require.NoError(t, rt.WriteSummary(&b))
+	require.NoError(t, cfg.WriteSummary(&b))
 	require.Contains(t, b.String(), "tracing:    OTLP/gRPC 127.0.0.1:4317 (plaintext, timeout 10s), sample ratio 0.25 for new traces (a sampled traceparent is always followed), service idemgate-eu\n")
 
-	rt, err = parseTracing(t, "tracing: {otlp: {endpoint: \"collector:4317\"}}\n")
+	cfg, err = parseTracing(t, "tracing: {otlp: {endpoint: \"collector:4317\"}}\n")
 	require.NoError(t, err)
-	require.Equal(t, 1.0, rt.Tracing.SampleRatio)
-	require.Equal(t, DefaultTracingServiceName, rt.Tracing.ServiceName)
-	require.False(t, rt.Tracing.Insecure)
+	require.Equal(t, 1.0, cfg.Tracing.SampleRatio)
+	require.Equal(t, DefaultTracingServiceName, cfg.Tracing.ServiceName)
+	require.False(t, cfg.Tracing.Insecure)
 }
 
 func TestTracingConfigIsStrict(t *testing.T) {
