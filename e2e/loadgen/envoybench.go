@@ -30,6 +30,14 @@ const (
 	evPreview = "envoy+preview"
 	evConfirm = "envoy+confirm-tiered"
 	evReplay  = "envoy+replay"
+
+	// The same over MCP (operations[transfer_mcp]): tools/call requests of
+	// a 2026-07-28 client to /mcp.
+	evNoopMCP      = "envoy+noop mcp"
+	evMCPUnguarded = "envoy+mcp-unguarded"
+	evMCPPreview   = "envoy+mcp-preview"
+	evMCPConfirm   = "envoy+mcp-confirm-tiered"
+	evMCPReplay    = "envoy+mcp-replay"
 )
 
 var envoyColumnDescriptions = map[string]string{
@@ -39,10 +47,19 @@ var envoyColumnDescriptions = map[string]string{
 	evPreview: "(c) Envoy + idemgate, preview: idemgate signs a fingerprint into the upstream's quote (no store call). Expected: 200 with Idempotency-Fingerprint.",
 	evConfirm: "(c) Envoy + idemgate, first-time confirm on the tiered store (Redis + PostgreSQL): verify, acquire, the upstream called with Idempotency-Key, complete. Each request carries a distinct fingerprint minted with idemgate's key for the JWT's subject. Expected: 200 with the upstream's mark that it saw the key.",
 	evReplay:  "(c) Envoy + idemgate, replay: confirms of fingerprints already DONE (a pool confirmed through Envoy beforehand, reused round-robin): idemgate answers from the record after the request body, the upstream is not called. Expected: 200 with Idempotent-Replayed: true.",
+
+	evNoopMCP:      "(b) over MCP: Envoy + the no-op ext_proc server, tools/call of " + mcpUnguardedTool + " (a tool no operation guards) to /mcp with Mcp-Method/Mcp-Name headers; the upstream answers it exactly like the preview tool (the quote as structuredContent plus a text block, JSON). 4 messages per request.",
+	evMCPUnguarded: "(c) Envoy + idemgate, the same unguarded tools/call: idemgate lets it pass at the request headers from Mcp-Method/Mcp-Name (the 2026-07-28 header fast path: no body buffered, every later phase off; 1 message). Expected: a JSON-RPC result for the request's id.",
+	evMCPPreview:   "(c) Envoy + idemgate, tools/call " + mcpPreviewTool + ": idemgate buffers the call, hashes the arguments, and signs a fingerprint into the result's structuredContent and a text block. Expected: a result for the request's id with the fingerprint.",
+	evMCPConfirm:   "(c) Envoy + idemgate, tools/call " + mcpConfirmTool + " with a distinct minted fingerprint in the arguments, tiered store: verify, acquire, the fingerprint taken out of the arguments, the upstream called with Idempotency-Key, complete. Expected: a result for the request's id, the upstream's mark that it saw the key.",
+	evMCPReplay:    "(c) Envoy + idemgate, replay over MCP: confirm tool calls of fingerprints already DONE (a pool confirmed beforehand, reused round-robin), each with a new JSON-RPC id: idemgate answers the stored result with the current id, the upstream is not called. Expected: a result for the request's id with Idempotent-Replayed: true.",
 }
 
 // envoyColumns lists every column in report order.
-var envoyColumns = []string{evPlain, evNoop, evIO, evPreview, evConfirm, evReplay}
+var envoyColumns = []string{evPlain, evNoop, evIO, evPreview, evConfirm, evReplay, evNoopMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
+
+// idemgateColumns are the columns idemgate serves.
+var idemgateColumns = []string{evPreview, evConfirm, evReplay, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
 
 // envoyBench is one through-Envoy run: the upstream, the ext_proc servers,
 // one Envoy per ext_proc target and the JWTs.
@@ -61,6 +78,8 @@ type envoyBench struct {
 	idem     *idemgateProcess
 	tokens   []string // bearer JWT per subject index
 	replay   []confirmItem
+	// mcpReplay are confirm tool arguments already executed over MCP.
+	mcpReplay []confirmItem
 
 	table      *report.EnvoyTable
 	results    map[string]map[int]*httpResult
@@ -166,9 +185,10 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		return err
 	}
 	e.children = append(e.children, e.idem.child)
-	for _, c := range []string{evPreview, evConfirm, evReplay} {
+	for _, c := range idemgateColumns {
 		e.extProcPid[c] = e.idem.pid()
 	}
+	e.extProcPid[evNoopMCP] = noop.pid()
 
 	// One Envoy per ext_proc target; the no-ext_proc one keeps its idemgate
 	// cluster (health-checked, never used) pointed at the no-op server.
@@ -183,9 +203,9 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		edits   envoytest.Edits
 	}{
 		{[]string{evPlain}, edits(noopAddr, true)},
-		{[]string{evNoop}, edits(noopAddr, false)},
+		{[]string{evNoop, evNoopMCP}, edits(noopAddr, false)},
 		{[]string{evIO}, edits(ioAddr, false)},
-		{[]string{evPreview, evConfirm, evReplay}, edits(e.idem.grpcAddr, false)},
+		{idemgateColumns, edits(e.idem.grpcAddr, false)},
 	} {
 		p, err := startEnvoy(ctx, e.bin, e.dir, s.columns[0], s.edits)
 		if err != nil {
@@ -205,7 +225,10 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		}
 		e.tokens = append(e.tokens, "Bearer "+tok)
 	}
-	return e.fillReplayPool(ctx)
+	if err := e.fillReplayPool(ctx); err != nil {
+		return err
+	}
+	return e.fillMCPReplayPool(ctx)
 }
 
 func (e *envoyBench) pingRedis(ctx context.Context) error {
@@ -225,6 +248,30 @@ func (e *envoyBench) fillReplayPool(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	e.replay, err = e.executeOnce(ctx, "replay pool", items, e.confirmRequest, "200 "+markKey)
+	return err
+}
+
+// fillMCPReplayPool is fillReplayPool for the confirm tool.
+func (e *envoyBench) fillMCPReplayPool(ctx context.Context) error {
+	items, err := e.b.minter.mintWith(e.b.opts.replayPool, mcpScope, func(_ int, token string) []byte {
+		return confirmBody([]byte(previewBody), token)
+	})
+	if err != nil {
+		return err
+	}
+	request := func(it confirmItem) *httpRequest {
+		return &httpRequest{path: mcpPath, auth: e.tokens[it.subject%subjectCount],
+			body: mcpCallBody(it.subject, mcpConfirmTool, it.body), headers: mcpHeaders(mcpConfirmTool)}
+	}
+	e.mcpReplay, err = e.executeOnce(ctx, "MCP replay pool", items, request, expectedLabel(evMCPConfirm))
+	return err
+}
+
+// executeOnce sends each item's request once through the idemgate Envoy, 4
+// at a time, and returns the items whose answer was want (at least 9 in 10
+// must be).
+func (e *envoyBench) executeOnce(ctx context.Context, pool string, items []confirmItem, request func(confirmItem) *httpRequest, want string) ([]confirmItem, error) {
 	labels := make([]string, len(items))
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -235,31 +282,32 @@ func (e *envoyBench) fillReplayPool(ctx context.Context) error {
 			defer wg.Done()
 			defer wk.close()
 			for i := int(next.Add(1) - 1); i < len(items) && ctx.Err() == nil; i = int(next.Add(1) - 1) {
-				labels[i] = wk.do(ctx, "http://"+e.envoys[evConfirm].ListenAddr, e.confirmRequest(items[i]))
+				labels[i] = wk.do(ctx, "http://"+e.envoys[evConfirm].ListenAddr, request(items[i]))
 			}
 		}()
 	}
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
+	var kept []confirmItem
 	bad := map[string]uint64{}
 	for i, it := range items {
-		if labels[i] == "200 "+markKey {
-			e.replay = append(e.replay, it)
+		if labels[i] == want {
+			kept = append(kept, it)
 		} else {
 			bad[labels[i]]++
 		}
 	}
-	if len(e.replay) < len(items)*9/10 {
-		return fmt.Errorf("replay pool: only %d of %d first confirms through Envoy executed (%s); idemgate: %s",
-			len(e.replay), len(items), describeOutcomes(bad), e.idem.lastLines())
+	if len(kept) < len(items)*9/10 {
+		return nil, fmt.Errorf("%s: only %d of %d first confirms through Envoy executed (%s); idemgate: %s",
+			pool, len(kept), len(items), describeOutcomes(bad), e.idem.lastLines())
 	}
 	if len(bad) > 0 {
-		e.table.Notes = append(e.table.Notes, fmt.Sprintf("replay pool: %d of %d first confirms did not execute and were left out (%s).",
-			len(items)-len(e.replay), len(items), describeOutcomes(bad)))
+		e.table.Notes = append(e.table.Notes, fmt.Sprintf("%s: %d of %d first confirms did not execute and were left out (%s).",
+			pool, len(items)-len(kept), len(items), describeOutcomes(bad)))
 	}
-	return nil
+	return kept, nil
 }
 
 func (e *envoyBench) confirmRequest(it confirmItem) *httpRequest {
@@ -275,6 +323,14 @@ func expectedLabel(column string) string {
 		return "200 " + markKey
 	case evReplay:
 		return "200 " + markReplayed
+	case evNoopMCP, evMCPUnguarded:
+		return "200 " + markRPC
+	case evMCPPreview:
+		return "200 " + markSigned + " " + markRPC
+	case evMCPConfirm:
+		return "200 " + markKey + " " + markRPC
+	case evMCPReplay:
+		return "200 " + markReplayed + " " + markRPC
 	}
 	return "200"
 }
@@ -295,6 +351,19 @@ func (e *envoyBench) source(column string, c int) (httpSource, error) {
 		return &confirmHTTPSource{e: e, items: items}, nil
 	case evReplay:
 		return &confirmHTTPSource{e: e, items: e.replay, cycle: true, limit: uint64(float64(o.budgetRate) * cell)}, nil
+	case evNoopMCP, evMCPUnguarded:
+		return &mcpSource{tool: mcpUnguardedTool, tokens: e.tokens, args: previewBytes, limit: uint64(float64(o.budgetRate) * cell)}, nil
+	case evMCPPreview:
+		return &mcpSource{tool: mcpPreviewTool, tokens: e.tokens, args: previewBytes, limit: uint64(float64(o.budgetRate) * cell)}, nil
+	case evMCPConfirm:
+		n := int(math.Ceil(float64(o.envoyConfirmRate) * cell))
+		items, err := e.b.minter.mintWith(n, mcpScope, func(_ int, token string) []byte { return confirmBody(previewBytes, token) })
+		if err != nil {
+			return nil, err
+		}
+		return &mcpSource{tool: mcpConfirmTool, tokens: e.tokens, items: items}, nil
+	case evMCPReplay:
+		return &mcpSource{tool: mcpConfirmTool, tokens: e.tokens, items: e.mcpReplay, cycle: true, limit: uint64(float64(o.budgetRate) * cell)}, nil
 	}
 	return &previewHTTPSource{tokens: e.tokens, limit: uint64(float64(o.budgetRate) * cell)}, nil
 }
@@ -373,7 +442,7 @@ func (e *envoyBench) measureCell(ctx context.Context, column string, c, round in
 	}
 	run := httpRun{addr: e.envoys[column].ListenAddr, source: src, concurrency: c,
 		warmup: o.envoyWarmup, duration: o.envoyDuration, expect: expectedLabel(column)}
-	if (column == evPreview || column == evConfirm || column == evReplay) && round == 0 {
+	if slices.Contains(idemgateColumns, column) && round == 0 {
 		prof := e.b.profiler(ctx, cellSpec{scenario: column, idemgate: e.idem}, c)
 		run.windowStarted = prof.start
 		defer prof.wait()
@@ -471,6 +540,7 @@ func (e *envoyBench) checkUpstream(column string, c, round int, res *httpResult,
 	d := upstreamStats{
 		Previews: after.Previews - before.Previews, Confirms: after.Confirms - before.Confirms,
 		ConfirmsWithKey: after.ConfirmsWithKey - before.ConfirmsWithKey, Other: after.Other - before.Other,
+		FingerprintsForwarded: after.FingerprintsForwarded - before.FingerprintsForwarded,
 	}
 	var problems []string
 	if d.Confirms != d.ConfirmsWithKey {
@@ -479,17 +549,20 @@ func (e *envoyBench) checkUpstream(column string, c, round int, res *httpResult,
 	if d.Other != 0 {
 		problems = append(problems, fmt.Sprintf("%d requests to other paths", d.Other))
 	}
+	if d.FingerprintsForwarded != 0 {
+		problems = append(problems, fmt.Sprintf("%d MCP confirms reached the upstream with the fingerprint still in their arguments", d.FingerprintsForwarded))
+	}
 	switch column {
-	case evConfirm:
-		if want := res.all["200 "+markKey]; d.ConfirmsWithKey != want || d.Previews != 0 {
+	case evConfirm, evMCPConfirm:
+		if want := res.all[expectedLabel(column)]; d.ConfirmsWithKey != want || d.Previews != 0 {
 			problems = append(problems, fmt.Sprintf("the upstream executed %d confirms and %d previews, the client saw %d executed", d.ConfirmsWithKey, d.Previews, want))
 		}
-	case evReplay:
+	case evReplay, evMCPReplay:
 		if d.Confirms != 0 || d.Previews != 0 {
 			problems = append(problems, fmt.Sprintf("replays reached the upstream (%d confirms, %d previews)", d.Confirms, d.Previews))
 		}
 	default:
-		if want := res.all["200"] + res.all["200 "+markSigned]; d.Previews != want || d.Confirms != 0 {
+		if want := res.all[expectedLabel(column)]; d.Previews != want || d.Confirms != 0 {
 			problems = append(problems, fmt.Sprintf("the upstream answered %d previews and %d confirms, the client got %d previews", d.Previews, d.Confirms, want))
 		}
 	}
@@ -547,6 +620,16 @@ func (e *envoyBench) finish() {
 			Note: "against (b) plus the naive store round trips (the same 4 round trips, one after the other, on the same Redis and PostgreSQL)."},
 		{Name: "envoy+noop / envoy", Num: evNoop, Den: evPlain, Note: "what an ext_proc stream costs Envoy itself, with a server that does nothing."},
 		{Name: "envoy+preview / envoy", Num: evPreview, Den: evPlain},
+		{Name: "envoy+mcp-unguarded / envoy+noop mcp", Num: evMCPUnguarded, Den: evNoopMCP, Target: 0.95, TargetConcurrency: at,
+			Note: "an MCP call no operation guards: idemgate lets it pass at the request headers (Mcp-Method/Mcp-Name), the no-op server exchanges all 4 messages."},
+		{Name: "envoy+mcp-preview / envoy+noop mcp", Num: evMCPPreview, Den: evNoopMCP,
+			Note: "no target in the issue; the MCP counterpart of envoy+preview / envoy+noop (the upstream does the same work in both)."},
+		{Name: "envoy+mcp-replay / envoy+noop mcp", Num: evMCPReplay, Den: evNoopMCP},
+		{Name: "envoy+mcp-confirm-tiered / envoy+noop mcp", Num: evMCPConfirm, Den: evNoopMCP,
+			Note: "no target: a first-time confirm makes 4 store round trips the no-op server does not."},
+		{Name: "envoy+mcp-preview / envoy+preview", Num: evMCPPreview, Den: evPreview, Note: "MCP against HTTP for the same operation."},
+		{Name: "envoy+mcp-confirm-tiered / envoy+confirm-tiered", Num: evMCPConfirm, Den: evConfirm},
+		{Name: "envoy+mcp-replay / envoy+replay", Num: evMCPReplay, Den: evReplay},
 	}
 	for _, ra := range t.Ratios {
 		rr := report.RoundRatio{Name: ra.Name, PerConcurrency: map[int][]float64{}}

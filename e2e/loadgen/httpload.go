@@ -32,6 +32,8 @@ type httpRequest struct {
 	path string
 	auth string // Authorization header value
 	body []byte
+	// headers are extra request headers, name value pairs (an MCP call's).
+	headers []string
 }
 
 // httpSource hands out requests; nil means exhausted. Called concurrently,
@@ -45,6 +47,10 @@ const (
 	markSigned   = "signed"   // Idempotency-Fingerprint set: idemgate signed a preview
 	markReplayed = "replayed" // Idempotent-Replayed: true: idemgate answered from the record
 	markKey      = "key"      // the upstream saw an Idempotency-Key: idemgate acquired
+	// An MCP answer is also read: "rpc" when it is a JSON-RPC response to
+	// the request's id carrying a result, and "signed" when that result
+	// holds a fingerprint (idemgate injects it into structuredContent).
+	markRPC = "rpc"
 )
 
 // classify labels an answer, e.g. "200", "200 signed", "503".
@@ -113,6 +119,7 @@ type httpWorker struct {
 	outcomes map[string]uint64
 	all      map[string]uint64
 	last     time.Time
+	body     bytes.Buffer // an MCP answer, read to be classified
 }
 
 // newHTTPWorker is a worker with its own single keep-alive connection.
@@ -242,16 +249,44 @@ func (w *httpWorker) do(ctx context.Context, url string, r *httpRequest) string 
 	}
 	req.Header["Content-Type"] = []string{"application/json"}
 	req.Header["Authorization"] = []string{r.auth}
+	for i := 0; i+1 < len(r.headers); i += 2 {
+		req.Header[r.headers[i]] = []string{r.headers[i+1]}
+	}
 	resp, err := w.client.Do(req)
 	if err != nil {
 		return "error"
 	}
-	_, err = io.Copy(io.Discard, resp.Body)
+	id := mcpRequestID(r.body)
+	if id == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+	} else {
+		w.body.Reset()
+		_, err = w.body.ReadFrom(resp.Body)
+	}
 	resp.Body.Close()
 	if err != nil {
 		return "error"
 	}
-	return classify(resp)
+	label := classify(resp)
+	if id != nil {
+		label += classifyMCP(w.body.Bytes(), id)
+	}
+	return label
+}
+
+// classifyMCP adds the marks of an MCP answer's body for the request id.
+func classifyMCP(body, id []byte) string {
+	prefix := append([]byte(`{"jsonrpc":"2.0","id":`), id...)
+	if !bytes.HasPrefix(body, append(prefix, `,"result":`...)) {
+		return ""
+	}
+	label := " " + markRPC
+	// Cheap enough for every answer: the benchmark's own upstream writes no
+	// fingerprint member, so one after structuredContent is idemgate's.
+	if sc := bytes.Index(body, []byte(`"structuredContent":{`)); sc >= 0 && bytes.Contains(body[sc:], []byte(`"fingerprint":"`)) {
+		label = " " + markSigned + label
+	}
+	return label
 }
 
 // describeOutcomes renders outcome counts, most frequent first.

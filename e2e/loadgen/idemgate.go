@@ -63,7 +63,7 @@ type idemgateSettings struct {
 	PostgresDSN  string // empty: no PostgreSQL (both empty: memory store)
 }
 
-// The operation and limits mirror envoy/idemgate.yaml; the store is the
+// The operations (HTTP and MCP) and limits mirror envoy/idemgate.yaml; the store is the
 // scenario's; logging is at warn so logs cost nothing per request; the
 // drain period is zero because nothing drains between runs.
 var idemgateTemplate = template.Must(template.New("idemgate.yaml").Parse(`# Written by e2e/loadgen for one benchmark run.
@@ -108,6 +108,19 @@ operations:
     replay: envelope
     upstream_timeout: 10s
     upstream_retries: 1
+    poll_after: 2s
+  - name: transfer_mcp
+    scope: payments.transfer.mcp
+    mcp:
+      endpoint: /mcp
+      preview_tool: transfer_preview
+      confirm_tool: transfer_confirm
+      status_tool: transfer_status
+    params: [{path: amount, type: decimal}, currency, payee.account_id]
+    result_ref: transfer_id
+    downstream_idempotency_header: Idempotency-Key
+    upstream_timeout: 30s
+    upstream_retries: 0
     poll_after: 2s
 `))
 

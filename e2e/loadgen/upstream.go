@@ -37,10 +37,13 @@ type upstreamStats struct {
 	Confirms        uint64 `json:"confirms"`
 	ConfirmsWithKey uint64 `json:"confirms_with_key"`
 	Other           uint64 `json:"other"`
+	// FingerprintsForwarded counts MCP confirms whose arguments still held
+	// the fingerprint (idemgate takes it out before forwarding).
+	FingerprintsForwarded uint64 `json:"fingerprints_forwarded"`
 }
 
 type upstream struct {
-	previews, confirms, withKey, other atomic.Uint64
+	previews, confirms, withKey, other, forwarded atomic.Uint64
 	quoteLen, transferLen              string
 }
 
@@ -54,6 +57,10 @@ var (
 )
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost && r.URL.Path == mcpPath {
+		u.serveMCP(w, r)
+		return
+	}
 	// Read the whole request as a real API would before answering.
 	_, _ = io.Copy(io.Discard, r.Body)
 	h := w.Header()
@@ -81,7 +88,7 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (u *upstream) stats() upstreamStats {
-	return upstreamStats{Previews: u.previews.Load(), Confirms: u.confirms.Load(), ConfirmsWithKey: u.withKey.Load(), Other: u.other.Load()}
+	return upstreamStats{Previews: u.previews.Load(), Confirms: u.confirms.Load(), ConfirmsWithKey: u.withKey.Load(), Other: u.other.Load(), FingerprintsForwarded: u.forwarded.Load()}
 }
 
 // serveUpstream runs the upstream on lis until stop is closed.
@@ -114,4 +121,65 @@ func fetchUpstreamStats(addr string) (upstreamStats, error) {
 		return s, fmt.Errorf("failed to decode the upstream's counters: %w", err)
 	}
 	return s, nil
+}
+
+// mcpCall is what the MCP upstream reads of a tools/call.
+type mcpCall struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params struct {
+		Name      string                     `json:"name"`
+		Arguments map[string]json.RawMessage `json:"arguments"`
+	} `json:"params"`
+}
+
+// The MCP tool results, around the HTTP API's bodies: the quote and the
+// transfer as structuredContent with a text block.
+var (
+	mcpQuoteResult    = []byte(`,"result":{"content":[{"type":"text","text":"Quote qt_7Hk2mP9xL4vR: 1250.00 EUR to Müller Logistik GmbH, fee 0.35 EUR."}],"structuredContent":` + quoteBody + `,"isError":false}}`)
+	mcpTransferResult = []byte(`,"result":{"content":[{"type":"text","text":"Transfer tr_01HZX5B3K7M2 executed."}],"structuredContent":` + transferBody + `,"isError":false}}`)
+)
+
+// serveMCP answers a tools/call of the preview, confirm or unguarded tool
+// in JSON (one JSON-RPC response carrying the request's id), counting them
+// like the HTTP routes: the preview and the unguarded tool as previews, the
+// confirm tool as a confirm.
+func (u *upstream) serveMCP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	var call mcpCall
+	if err == nil {
+		err = json.Unmarshal(body, &call)
+	}
+	if err != nil || call.Method != "tools/call" || len(call.ID) == 0 {
+		u.other.Add(1)
+		http.Error(w, "not a tools/call", http.StatusBadRequest)
+		return
+	}
+	result := mcpQuoteResult
+	switch call.Params.Name {
+	case mcpPreviewTool, mcpUnguardedTool:
+		u.previews.Add(1)
+	case mcpConfirmTool:
+		u.confirms.Add(1)
+		if r.Header.Get("Idempotency-Key") != "" {
+			u.withKey.Add(1)
+			w.Header()[upstreamSawKeyHeader] = []string{"yes"}
+		}
+		if _, ok := call.Params.Arguments["fingerprint"]; ok {
+			u.forwarded.Add(1)
+		}
+		result = mcpTransferResult
+	default:
+		u.other.Add(1)
+		http.Error(w, "unknown tool", http.StatusNotFound)
+		return
+	}
+	out := make([]byte, 0, len(result)+len(call.ID)+24)
+	out = append(out, `{"jsonrpc":"2.0","id":`...)
+	out = append(out, call.ID...)
+	out = append(out, result...)
+	h := w.Header()
+	h["Content-Type"] = []string{"application/json"}
+	h["Content-Length"] = []string{strconv.Itoa(len(out))}
+	_, _ = w.Write(out)
 }

@@ -243,6 +243,12 @@ func confirmBody(base []byte, token string) []byte {
 // mint signs n fingerprints (fresh nonces, subjects round-robin) into
 // confirm bodies built from base, using every core.
 func (m *minter) mint(n int, base []byte) ([]confirmItem, error) {
+	return m.mintWith(n, scope, func(_ int, token string) []byte { return confirmBody(base, token) })
+}
+
+// mintWith is mint for any operation scope and request shape: body builds
+// request i around its token.
+func (m *minter) mintWith(n int, scope string, body func(i int, token string) []byte) ([]confirmItem, error) {
 	items := make([]confirmItem, n)
 	exp := time.Now().Add(m.ttl)
 	workers := runtime.GOMAXPROCS(0)
@@ -262,7 +268,7 @@ func (m *minter) mint(n int, base []byte) ([]confirmItem, error) {
 					token, _, err = m.ring.Sign(fingerprint.SignRequest{
 						Subject: subjectName(i), Scope: scope, Params: m.params, Nonce: nonce, Expiry: exp,
 					})
-					items[i] = confirmItem{body: confirmBody(base, token), subject: i}
+					items[i] = confirmItem{body: body(i, token), subject: i}
 				}
 				if err != nil {
 					once.Do(func() { firstErr = fmt.Errorf("failed to mint a fingerprint: %w", err) })
