@@ -44,7 +44,7 @@ type upstreamStats struct {
 
 type upstream struct {
 	previews, confirms, withKey, other, forwarded atomic.Uint64
-	quoteLen, transferLen              string
+	quoteLen, transferLen                         string
 }
 
 func newUpstream() *upstream {
