@@ -33,6 +33,13 @@ func injectFieldsInto(dst, body []byte, fields ...field) (out []byte, ok bool) {
 	if i >= len(body) || body[i] != '{' {
 		return nil, false
 	}
+	return spliceFields(dst, body, fields...), true
+}
+
+// spliceFields is injectFieldsInto for body known to be a valid JSON
+// object (a value inside a message validated as a whole).
+func spliceFields(dst, body []byte, fields ...field) []byte {
+	i := skipSpace(body, 0)
 	open := i
 	i++
 	// Spans [start, end) of the members to keep, in order.
@@ -69,7 +76,7 @@ func injectFieldsInto(dst, body []byte, fields ...field) (out []byte, ok bool) {
 	for _, f := range fields {
 		size += len(f.name) + len(f.value) + 8
 	}
-	out = dst[:0]
+	out := dst[:0]
 	if cap(out) < size {
 		out = make([]byte, 0, size)
 	}
@@ -101,7 +108,7 @@ func injectFieldsInto(dst, body []byte, fields ...field) (out []byte, ok bool) {
 		out = envelope.AppendString(out, f.value)
 	}
 	out = append(out, body[closeAt:]...)
-	return out, true
+	return out
 }
 
 // matchesAny reports whether the raw JSON string key equals one of the

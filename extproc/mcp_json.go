@@ -23,8 +23,18 @@ type rawMember struct {
 // ok=false when raw is not a valid JSON object. Keys are decoded, so
 // "\u0069d" is the member id.
 func objectMembers(raw []byte) (members []rawMember, ok bool) {
+	if !json.Valid(raw) {
+		return nil, false
+	}
+	return scanMembers(raw)
+}
+
+// scanMembers is objectMembers for raw known to be valid JSON: a value
+// inside a message that was validated as a whole. Validating every nested
+// value again would scan a message once per level it is read at.
+func scanMembers(raw []byte) (members []rawMember, ok bool) {
 	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || raw[0] != '{' || !json.Valid(raw) {
+	if len(raw) == 0 || raw[0] != '{' {
 		return nil, false
 	}
 	i := skipSpace(raw, 1)
@@ -76,6 +86,16 @@ func memberOf(raw []byte, key string) []byte {
 	return member(ms, key)
 }
 
+// validMemberOf is memberOf for raw known to be valid JSON (see
+// scanMembers).
+func validMemberOf(raw []byte, key string) []byte {
+	ms, ok := scanMembers(raw)
+	if !ok {
+		return nil
+	}
+	return member(ms, key)
+}
+
 // rawSet is one member to set: a key and its raw JSON value.
 type rawSet struct {
 	key   string
@@ -86,7 +106,7 @@ type rawSet struct {
 // with the members of set replaced in place (or appended when absent). Every
 // other member keeps its bytes. raw must be a valid JSON object.
 func editObject(raw []byte, remove []string, set ...rawSet) []byte {
-	members, _ := objectMembers(raw)
+	members, _ := scanMembers(raw)
 	out := make([]byte, 0, len(raw)+64)
 	out = append(out, '{')
 	done := make([]bool, len(set))

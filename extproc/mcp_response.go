@@ -158,22 +158,24 @@ func (ex *exchange) mcpRecordConfirm(body []byte) {
 	ex.settle(true, append([]byte(nil), msg...), "")
 }
 
-// mcpOutcome is the outcome class of a JSON-RPC response to tools/call.
+// mcpOutcome is the outcome class of a JSON-RPC response to tools/call
+// (msg validated as a whole by mcpFinal).
 func mcpOutcome(msg []byte) (outcomeClass, string) {
-	ms, _ := objectMembers(msg)
+	ms, _ := scanMembers(msg)
 	if result := member(ms, "result"); result != nil {
-		rt, _ := jsonString(memberOf(result, "resultType"))
+		rm, _ := scanMembers(result)
+		rt, _ := jsonString(member(rm, "resultType"))
 		switch {
 		case rt == "task":
 			return classDone, ""
 		case rt == "input_required":
 			return classAmbiguous, "the upstream asked for more input (input_required)"
-		case isTrue(memberOf(result, "isError")):
+		case isTrue(member(rm, "isError")):
 			return classFailed, ""
 		}
 		return classDone, ""
 	}
-	code := string(bytes.TrimSpace(memberOf(member(ms, "error"), "code")))
+	code := string(bytes.TrimSpace(validMemberOf(member(ms, "error"), "code")))
 	switch code {
 	case "-32602", "-32601":
 		return classFailed, ""
@@ -186,12 +188,15 @@ func mcpOutcome(msg []byte) (outcomeClass, string) {
 // or absent), and one text block that carries the token, because many
 // clients give the model only content. No storage write.
 func (ex *exchange) mcpInjectPreview(msg []byte) ([]byte, bool) {
-	result := memberOf(msg, "result")
-	if result == nil || isTrue(memberOf(result, "isError")) {
+	// msg was validated as a whole (mcpFinal): its parts are read without
+	// validating them again.
+	result := validMemberOf(msg, "result")
+	rm, _ := scanMembers(result)
+	if result == nil || isTrue(member(rm, "isError")) {
 		ex.decision("passed_through")
 		return nil, false
 	}
-	if rt, _ := jsonString(memberOf(result, "resultType")); rt != "" && rt != "complete" {
+	if rt, _ := jsonString(member(rm, "resultType")); rt != "" && rt != "complete" {
 		ex.decision("passed_through")
 		return nil, false
 	}
@@ -204,26 +209,43 @@ func (ex *exchange) mcpInjectPreview(msg []byte) ([]byte, bool) {
 	expires := expiresAt.Format(time.RFC3339)
 	op := ex.op
 	set := make([]rawSet, 0, 2)
-	sc := memberOf(result, "structuredContent")
-	switch _, isObject := objectMembers(sc); {
+	sc := member(rm, "structuredContent")
+	switch _, isObject := scanMembers(sc); {
 	case sc == nil || string(bytes.TrimSpace(sc)) == "null":
 		set = append(set, rawSet{"structuredContent", editObject([]byte("{}"), nil,
 			rawSet{op.FingerprintField, envelope.AppendString(nil, token)}, rawSet{op.ExpiresAtField, envelope.AppendString(nil, expires)})})
 	case isObject:
-		out, _ := injectFields(sc, field{op.FingerprintField, token}, field{op.ExpiresAtField, expires})
-		set = append(set, rawSet{"structuredContent", out})
+		set = append(set, rawSet{"structuredContent", spliceFields(nil, sc, field{op.FingerprintField, token}, field{op.ExpiresAtField, expires})})
 	default:
 		// An array or scalar has no room for members: the text block carries it.
 	}
 	texts := ex.mcpTexts()
 	block := appendTextBlock(nil, envelope.FillPreviewBlock(texts.PreviewBlock, token, expires))
-	set = append(set, rawSet{"content", appendElements(memberOf(result, "content"), block)})
+	set = append(set, rawSet{"content", appendElements(member(rm, "content"), block)})
 	ex.decision("signed")
 	return editObject(msg, nil, rawSet{"result", editObject(result, nil, set...)}), true
 }
 
 // mcpTexts returns the MCP texts of the stream's operation.
-func (ex *exchange) mcpTexts() envelope.MCPText { return textsOf(ex.op, ex.srv.cfg.Language) }
+func (ex *exchange) mcpTexts() envelope.MCPText {
+	if t, ok := ex.srv.mcpTexts[ex.op]; ok {
+		return t
+	}
+	return textsOf(ex.op, ex.srv.cfg.Language)
+}
+
+// mcpTextsByOperation renders the MCP texts of every MCP operation once:
+// they depend on the configuration only, and a preview needs them on every
+// call.
+func mcpTextsByOperation(cfg *config.Runtime) map[*config.Operation]envelope.MCPText {
+	texts := map[*config.Operation]envelope.MCPText{}
+	for _, ep := range cfg.MCPEndpoints {
+		for _, op := range ep.Ops {
+			texts[op] = textsOf(op, cfg.Language)
+		}
+	}
+	return texts
+}
 
 // mcpAugmentList rewrites a tools/list result: every confirm tool of the
 // endpoint gains the required fingerprint argument (and loses its

@@ -74,6 +74,8 @@ type Server struct {
 	abandons *abandoner
 	buffers  bufferPool
 	tracer   trace.Tracer
+	// mcpTexts are the rendered MCP texts of each MCP operation.
+	mcpTexts map[*config.Operation]envelope.MCPText
 
 	storeTimeout time.Duration
 }
@@ -118,6 +120,7 @@ func NewServer(opts Options) (*Server, error) {
 		instance:     opts.InstanceID,
 		storeTimeout: opts.Config.Store.Timeout,
 		tracer:       opts.Tracer,
+		mcpTexts:     mcpTextsByOperation(opts.Config),
 	}, nil
 }
 

@@ -62,6 +62,9 @@ func MCPTexts(language string, t MCPTool) MCPText {
 }
 
 // FillPreviewBlock puts a fingerprint and its expiry into a PreviewBlock.
+// Neither value can hold the other's placeholder (a fingerprint is base64url
+// and dots, an expiry RFC 3339), so two replacements equal one pass, without
+// building a Replacer on every preview.
 func FillPreviewBlock(block, fingerprint, expiresAt string) string {
-	return strings.NewReplacer("{fingerprint}", fingerprint, "{expires_at}", expiresAt).Replace(block)
+	return strings.ReplaceAll(strings.ReplaceAll(block, "{expires_at}", expiresAt), "{fingerprint}", fingerprint)
 }
