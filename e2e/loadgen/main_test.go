@@ -175,10 +175,15 @@ func TestIdemgateConfigIsAcceptedByTheStrictLoader(t *testing.T) {
 			require.Equal(t, "127.0.0.1:50051", cfg.GRPCListen)
 			require.Equal(t, tc.redis, cfg.Store.Redis != nil)
 			require.Equal(t, tc.postgres, cfg.Store.Postgres != nil)
-			require.Len(t, rt.Operations, 1)
-			op := rt.Operations[0]
+			require.Len(t, rt.Operations, 2)
+			op, mcpOp := rt.Operations[0], rt.Operations[1]
 			require.Equal(t, scope, op.Scope)
 			require.Equal(t, operationParams, op.Params, "the tool mints with the params idemgate verifies")
+			require.Equal(t, mcpScope, mcpOp.Scope)
+			require.Equal(t, operationParams, mcpOp.Params)
+			require.NotNil(t, rt.MCPEndpoint("POST", mcpPath))
+			require.Contains(t, rt.MCPEndpoint("POST", mcpPath).Tools, mcpPreviewTool)
+			require.NotContains(t, rt.MCPEndpoint("POST", mcpPath).Tools, mcpUnguardedTool)
 
 			// A fingerprint minted by the tool verifies with idemgate's own
 			// compiled ring and selector against a confirm body.
@@ -193,6 +198,18 @@ func TestIdemgateConfigIsAcceptedByTheStrictLoader(t *testing.T) {
 				require.NoError(t, err)
 				token := doc.(map[string]any)["fingerprint"].(string)
 				_, err = rt.Keys.Verify(token, fingerprint.Expect{Subject: subjectName(it.subject), Scope: op.Scope, Params: &params}, time.Now())
+				require.NoError(t, err)
+			}
+			// And the confirm tool's arguments, for the MCP operation.
+			items, err = m.mintWith(3, mcpScope, func(_ int, token string) []byte { return confirmBody([]byte(previewBody), token) })
+			require.NoError(t, err)
+			for _, it := range items {
+				doc, err := fingerprint.ParseJSON(it.body, 0)
+				require.NoError(t, err)
+				params, err := mcpOp.Selector.Select(doc, nil)
+				require.NoError(t, err)
+				token := doc.(map[string]any)["fingerprint"].(string)
+				_, err = rt.Keys.Verify(token, fingerprint.Expect{Subject: subjectName(it.subject), Scope: mcpOp.Scope, Params: &params}, time.Now())
 				require.NoError(t, err)
 			}
 		})
