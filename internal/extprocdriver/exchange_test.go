@@ -134,20 +134,6 @@ func startScripted(t *testing.T, script func(i int, req *extprocv3.ProcessingReq
 	return srv, lis.Addr().String()
 }
 
-// continueReply is the CONTINUE reply matching a message.
-func continueReply(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-	switch req.GetRequest().(type) {
-	case *extprocv3.ProcessingRequest_RequestHeaders:
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}
-	case *extprocv3.ProcessingRequest_RequestBody:
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}}
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}
-	default:
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}}
-	}
-}
-
 func hv(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
 
 func testRequest() *Request {
@@ -186,7 +172,7 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 	}{
 		{
 			name:    "continue to everything: four messages, upstream 200",
-			script:  func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: continueReply(req)} },
+			script:  func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: Continue(req)} },
 			want:    Outcome{Status: 200},
 			wantMsg: allFour,
 		},
@@ -198,7 +184,7 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 						ImmediateResponse: &extprocv3.ImmediateResponse{Status: &typev3.HttpStatus{Code: typev3.StatusCode_Conflict}, Body: []byte(`{}`)},
 					}}}
 				}
-				return action{reply: continueReply(req)}
+				return action{reply: Continue(req)}
 			},
 			want:    Outcome{Status: 409, Local: true},
 			wantMsg: allFour[:2],
@@ -214,7 +200,7 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 		{
 			name: "mode_override response_body_mode NONE in the response headers reply: no body message",
 			script: func(i int, req *extprocv3.ProcessingRequest) action {
-				r := continueReply(req)
+				r := Continue(req)
 				if i == 2 {
 					r.ModeOverride = &filterv3.ProcessingMode{ResponseBodyMode: filterv3.ProcessingMode_NONE}
 				}
@@ -229,7 +215,7 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 				f.AllowModeOverride = false
 			},
 			script: func(i int, req *extprocv3.ProcessingRequest) action {
-				r := continueReply(req)
+				r := Continue(req)
 				if i == 2 {
 					r.ModeOverride = &filterv3.ProcessingMode{ResponseBodyMode: filterv3.ProcessingMode_NONE}
 				}
@@ -241,7 +227,7 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 		{
 			name: "pass-through override at request headers skips every later phase",
 			script: func(i int, req *extprocv3.ProcessingRequest) action {
-				r := continueReply(req)
+				r := Continue(req)
 				r.ModeOverride = &filterv3.ProcessingMode{
 					ResponseHeaderMode: filterv3.ProcessingMode_SKIP, RequestBodyMode: filterv3.ProcessingMode_NONE,
 					ResponseBodyMode: filterv3.ProcessingMode_NONE,
@@ -254,7 +240,7 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 		{
 			name: "CONTINUE_AND_REPLACE at request headers: no request body message",
 			script: func(i int, req *extprocv3.ProcessingRequest) action {
-				r := continueReply(req)
+				r := Continue(req)
 				if i == 0 {
 					r.GetRequestHeaders().Response = &extprocv3.CommonResponse{Status: extprocv3.CommonResponse_CONTINUE_AND_REPLACE}
 				}
@@ -266,7 +252,7 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 		{
 			name: "idempotency-key set on the request and the response body replaced with its content-length",
 			script: func(i int, req *extprocv3.ProcessingRequest) action {
-				r := continueReply(req)
+				r := Continue(req)
 				switch i {
 				case 1:
 					r.GetRequestBody().Response = &extprocv3.CommonResponse{HeaderMutation: setHeaders("idempotency-key", "00ff")}
@@ -284,7 +270,7 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 		{
 			name: "a body replacement without the new content-length is a 500",
 			script: func(i int, req *extprocv3.ProcessingRequest) action {
-				r := continueReply(req)
+				r := Continue(req)
 				if i == 3 {
 					r.GetResponseBody().Response = &extprocv3.CommonResponse{
 						BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: replaced}},
@@ -298,7 +284,7 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 		{
 			name: "a header with value and raw_value is a 500",
 			script: func(i int, req *extprocv3.ProcessingRequest) action {
-				r := continueReply(req)
+				r := Continue(req)
 				r.GetRequestHeaders().Response = &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
 					SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x-a", Value: "v", RawValue: []byte("v")}}},
 				}}
@@ -313,7 +299,7 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 				if i == 1 {
 					return action{reply: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}}}
 				}
-				return action{reply: continueReply(req)}
+				return action{reply: Continue(req)}
 			},
 			want:    Outcome{Status: 500, Local: true, Error: ErrSpurious},
 			wantMsg: allFour[:2],
@@ -327,7 +313,7 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 				if i == 2 {
 					return action{hang: true}
 				}
-				return action{reply: continueReply(req)}
+				return action{reply: Continue(req)}
 			},
 			want:    Outcome{Status: 504, Local: true, Error: ErrTimeout},
 			wantMsg: allFour[:3],
@@ -346,7 +332,7 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 				if i == 1 {
 					return action{}
 				}
-				return action{reply: continueReply(req)}
+				return action{reply: Continue(req)}
 			},
 			want:    Outcome{Status: 200, Marks: MarkClosedEarly},
 			wantMsg: allFour[:2],
@@ -387,7 +373,7 @@ func TestDoHonoursWhatTheServerSays(t *testing.T) {
 }
 
 func TestDoSendsWhatEnvoySends(t *testing.T) {
-	srv, addr := startScripted(t, func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: continueReply(req)} })
+	srv, addr := startScripted(t, func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: Continue(req)} })
 	conns, err := Dial(t.Context(), addr, 1)
 	require.NoError(t, err)
 	defer conns.Close()
@@ -443,14 +429,14 @@ func (overrideFirst) Process(stream extprocv3.ExternalProcessor_ProcessServer) e
 		if err := stream.Send(&extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(time.Second)}); err != nil {
 			return nil
 		}
-		if err := stream.Send(continueReply(req)); err != nil {
+		if err := stream.Send(Continue(req)); err != nil {
 			return nil
 		}
 	}
 }
 
 func TestHoldKeepsTheStreamOpenBeforeTheResponsePhase(t *testing.T) {
-	srv, addr := startScripted(t, func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: continueReply(req)} })
+	srv, addr := startScripted(t, func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: Continue(req)} })
 	conns, err := Dial(t.Context(), addr, 1)
 	require.NoError(t, err)
 	defer conns.Close()
@@ -530,7 +516,7 @@ func (continueServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) 
 		if err != nil {
 			return nil
 		}
-		if err := stream.Send(continueReply(req)); err != nil {
+		if err := stream.Send(Continue(req)); err != nil {
 			return nil
 		}
 	}
@@ -539,7 +525,7 @@ func (continueServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) 
 func TestTraceReportsWhatTheUpstreamAndTheClientSee(t *testing.T) {
 	replaced := []byte(`{"quote_id":"q1","fingerprint":"abc"}`)
 	srv := newScripted(func(i int, req *extprocv3.ProcessingRequest) action {
-		r := continueReply(req)
+		r := Continue(req)
 		switch i {
 		case 1:
 			hm := setHeaders("idempotency-key", "00ff")
@@ -589,7 +575,7 @@ func TestTraceImmediateResponseResetAndMarks(t *testing.T) {
 		if i == 1 {
 			return action{reply: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: im}}}
 		}
-		return action{reply: continueReply(req)}
+		return action{reply: Continue(req)}
 	})
 	out, v := EnvoyFilter().Trace(t.Context(), &InProcess{Server: srv}, testRequest(), func(map[string]string, []byte) Response {
 		t.Fatal("the upstream must not be called")
@@ -603,7 +589,7 @@ func TestTraceImmediateResponseResetAndMarks(t *testing.T) {
 	require.Equal(t, 2, v.Replies)
 
 	// An upstream reset: Envoy's own 504, no response phase.
-	cont := newScripted(func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: continueReply(req)} })
+	cont := newScripted(func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: Continue(req)} })
 	out, v = EnvoyFilter().Trace(t.Context(), &InProcess{Server: cont}, testRequest(), func(map[string]string, []byte) Response {
 		return Response{Reset: true}
 	})
@@ -615,7 +601,7 @@ func TestTraceImmediateResponseResetAndMarks(t *testing.T) {
 	// A header set through value and a mode_override in a body reply are
 	// marked (Envoy reads raw_value only, and ignores the override).
 	odd := newScripted(func(i int, req *extprocv3.ProcessingRequest) action {
-		r := continueReply(req)
+		r := Continue(req)
 		if i == 1 {
 			r.GetRequestBody().Response = &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
 				SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x-a", Value: "v"}}},
@@ -633,7 +619,7 @@ func TestInProcessStream(t *testing.T) {
 		if i == 1 {
 			return action{err: status.Error(codes.Unavailable, "down")}
 		}
-		return action{reply: continueReply(req)}
+		return action{reply: Continue(req)}
 	})
 	s := (&InProcess{Server: srv}).Open(t.Context())
 	defer s.Close()
@@ -650,7 +636,7 @@ func TestInProcessStream(t *testing.T) {
 
 	// A failing transport: the server's Send fails, Process returns it.
 	broken := errors.New("transport is closing")
-	s = (&InProcess{Server: newScripted(func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: continueReply(req)} })}).Open(t.Context())
+	s = (&InProcess{Server: newScripted(func(_ int, req *extprocv3.ProcessingRequest) action { return action{reply: Continue(req)} })}).Open(t.Context())
 	defer s.Close()
 	s.FailSends(broken)
 	require.NoError(t, s.Send(testRequestHeaders()))

@@ -41,24 +41,11 @@ func (s *server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			r = s.reply(i, req)
 		}
 		if r == nil {
-			r = continueReply(req)
+			r = extprocdriver.Continue(req)
 		}
 		if err := stream.Send(r); err != nil {
 			return nil
 		}
-	}
-}
-
-func continueReply(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-	switch req.GetRequest().(type) {
-	case *extprocv3.ProcessingRequest_RequestHeaders:
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}
-	case *extprocv3.ProcessingRequest_RequestBody:
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}}
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}
-	default:
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}}
 	}
 }
 
