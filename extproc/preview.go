@@ -75,23 +75,21 @@ func (ex *exchange) previewResponseBody(body []byte) (*extprocv3.ProcessingRespo
 		ex.decision("sign_failed")
 		return responseBodyReply(nil, nil, false), true
 	}
-	headers := make([]*corev3.HeaderValueOption, 1, 2)
-	headers[0] = setHeader(hdrFingerprint, []byte(token))
+	r := &headerBodyReply{}
+	r.setHeader(hdrFingerprint, []byte(token))
 	expires := expiresAt.Format(time.RFC3339)
 	buf := ex.buffer()
 	out, ok := injectFieldsInto(*buf, body, field{ex.op.FingerprintField, token}, field{ex.op.ExpiresAtField, expires})
-	if ok {
-		keep(buf, out)
-	}
 	if !ok {
 		ex.logger().Warn("preview response body is not a JSON object; the fingerprint is sent in the Idempotency-Fingerprint header only",
 			"content_length", len(body))
 		ex.decision("signed_header_only")
-		return responseBodyReply(&extprocv3.HeaderMutation{SetHeaders: headers}, nil, false), true
+		return r.reply(nil, false), true
 	}
-	headers = append(headers, setHeader(hdrContentLength, strconv.AppendInt(nil, int64(len(out)), 10)))
+	keep(buf, out)
+	r.setContentLength(len(out))
 	ex.decision("signed")
-	return responseBodyReply(&extprocv3.HeaderMutation{SetHeaders: headers}, out, true), true
+	return r.reply(out, true), true
 }
 
 // sign issues a fingerprint for the stream's subject and params and says

@@ -206,3 +206,53 @@ func envelopeReply(r envelope.Rendered, extra ...*corev3.HeaderValueOption) *ext
 	headers = append(headers, extra...)
 	return immediate(r.HTTPStatus, headers, r.Body, "idemgate_"+r.Status)
 }
+
+// headerBodyReply is a response-body reply that sets up to two headers and
+// may replace the body, built in one allocation: a signed preview answers
+// every request with one, which as separate messages (reply, oneof, body
+// response, common response, header and body mutations, header options and
+// values, the content-length digits) would be a dozen small objects.
+type headerBodyReply struct {
+	resp   extprocv3.ProcessingResponse
+	oneof  extprocv3.ProcessingResponse_ResponseBody
+	body   extprocv3.BodyResponse
+	common extprocv3.CommonResponse
+	mut    extprocv3.HeaderMutation
+	bm     extprocv3.BodyMutation
+	bmBody extprocv3.BodyMutation_Body
+	opts   [2]corev3.HeaderValueOption
+	vals   [2]corev3.HeaderValue
+	set    [2]*corev3.HeaderValueOption
+	n      int
+	digits [20]byte
+}
+
+// setHeader adds a header that overwrites name with value (at most two).
+func (r *headerBodyReply) setHeader(name string, value []byte) {
+	r.vals[r.n] = corev3.HeaderValue{Key: name, RawValue: value}
+	r.opts[r.n].Header = &r.vals[r.n]
+	r.set[r.n] = &r.opts[r.n]
+	r.n++
+}
+
+// setContentLength sets content-length to n.
+func (r *headerBodyReply) setContentLength(n int) {
+	r.setHeader(hdrContentLength, strconv.AppendInt(r.digits[:0], int64(n), 10))
+}
+
+// reply returns the message: CONTINUE with the headers set and, with
+// replace, body as the new body.
+func (r *headerBodyReply) reply(body []byte, replace bool) *extprocv3.ProcessingResponse {
+	r.mut.SetHeaders = r.set[:r.n]
+	r.common.Status = extprocv3.CommonResponse_CONTINUE
+	r.common.HeaderMutation = &r.mut
+	if replace {
+		r.bmBody.Body = body
+		r.bm.Mutation = &r.bmBody
+		r.common.BodyMutation = &r.bm
+	}
+	r.body.Response = &r.common
+	r.oneof.ResponseBody = &r.body
+	r.resp.Response = &r.oneof
+	return &r.resp
+}

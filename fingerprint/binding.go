@@ -64,15 +64,21 @@ func (n *bindNode) child(seg string) *bindNode {
 	return c
 }
 
-// pathStep is one step of a JSON path: a key, or an index when key is nil.
+// pathStep is one step of a JSON path: a key, or an index when isIndex.
+// The key is held by value: a pointer to the walk's loop variable would move
+// every key on a bound path to the heap.
 type pathStep struct {
-	key   *string
-	index int
+	key     string
+	index   int
+	isIndex bool
 }
 
 type bindChecker struct {
 	path      []pathStep
 	offending []string
+	// pathSpace holds the path of bodies nested up to its length without
+	// allocating.
+	pathSpace [8]pathStep
 }
 
 // checkBinding walks doc along the bound paths of root and reports every
@@ -82,6 +88,7 @@ func checkBinding(doc any, root *bindNode) error {
 		return nil
 	}
 	var c bindChecker
+	c.path = c.pathSpace[:0]
 	c.walk(doc, root)
 	if len(c.offending) == 0 {
 		return nil
@@ -106,7 +113,7 @@ func (c *bindChecker) walk(v any, node *bindNode) {
 			if next == nil {
 				continue // not on a bound path
 			}
-			c.push(pathStep{key: &k})
+			c.push(pathStep{key: k})
 			c.walk(child, next)
 			c.pop()
 		}
@@ -115,7 +122,7 @@ func (c *bindChecker) walk(v any, node *bindNode) {
 			// Only the indexed elements are on a bound path.
 			for seg, next := range node.children {
 				if i := arrayIndex(seg); i >= 0 && i < len(v) {
-					c.push(pathStep{index: i})
+					c.push(pathStep{index: i, isIndex: true})
 					c.walk(v[i], next)
 					c.pop()
 				}
@@ -123,7 +130,7 @@ func (c *bindChecker) walk(v any, node *bindNode) {
 			return
 		}
 		for i, e := range v {
-			c.push(pathStep{index: i})
+			c.push(pathStep{index: i, isIndex: true})
 			c.walk(e, node.next(strconv.Itoa(i)))
 			c.pop()
 		}
@@ -148,10 +155,10 @@ func (s *Selector) DuplicateOnBoundPath(de *DuplicateKeyError) (string, bool) {
 		switch v := step.(type) {
 		case string:
 			seg = v
-			b = appendPathStep(b, pathStep{key: &v})
+			b = appendPathStep(b, pathStep{key: v})
 		case int:
 			seg = strconv.Itoa(v)
-			b = appendPathStep(b, pathStep{index: v})
+			b = appendPathStep(b, pathStep{index: v, isIndex: true})
 		default:
 			return "", false
 		}
@@ -269,7 +276,7 @@ func (c *bindChecker) report(key string) {
 	for _, s := range c.path {
 		b = appendPathStep(b, s)
 	}
-	b = appendPathStep(b, pathStep{key: &key})
+	b = appendPathStep(b, pathStep{key: key})
 	c.offending = append(c.offending, string(b))
 }
 
@@ -277,12 +284,12 @@ func (c *bindChecker) report(key string) {
 const maxReportedKeyBytes = 48
 
 func appendPathStep(b []byte, s pathStep) []byte {
-	if s.key == nil {
+	if s.isIndex {
 		b = append(b, '[')
 		b = strconv.AppendInt(b, int64(s.index), 10)
 		return append(b, ']')
 	}
-	k := *s.key
+	k := s.key
 	cut := false
 	if len(k) > maxReportedKeyBytes {
 		n := maxReportedKeyBytes

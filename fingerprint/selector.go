@@ -289,7 +289,16 @@ func (s *Selector) Select(doc any, pathVars map[string]string) (Params, error) {
 		keyBytes += len(p.key) + 2 // key, ':' and ','
 	}
 
-	out := make([]byte, 0, len(c.buf)+keyBytes+2)
+	// The canonical object is written after the canonical values when
+	// their buffer has room (the values are capped slices, so this cannot
+	// overwrite them): one allocation for both on a typical body.
+	need := len(c.buf) + keyBytes + 2
+	var out []byte
+	if cap(c.buf)-len(c.buf) >= need {
+		out = c.buf[len(c.buf):len(c.buf):cap(c.buf)]
+	} else {
+		out = make([]byte, 0, need)
+	}
 	out = append(out, '{')
 	first := true
 	for _, i := range s.byKey {
@@ -318,5 +327,7 @@ func (s *Selector) Select(doc any, pathVars map[string]string) (Params, error) {
 		fields = append(fields, Field{Path: s.params[i].Path, Canonical: c.buf[sp.start:sp.end:sp.end]})
 	}
 	sum := sha256.Sum256(out)
-	return Params{Hash: hex.EncodeToString(sum[:]), Canonical: out, Fields: fields, order: s.paths}, nil
+	var hash [2 * sha256.Size]byte
+	hex.Encode(hash[:], sum[:])
+	return Params{Hash: string(hash[:]), Canonical: out, Fields: fields, order: s.paths}, nil
 }
