@@ -41,3 +41,14 @@ func BenchmarkConfirmReplay(b *testing.B) {
 		do(b, d, req, neverCalled(b))
 	}
 }
+
+func BenchmarkMCPPreview(b *testing.B) {
+	e := newMCPEnv(b, "")
+	d := fakeDialer{srv: e.srv, shareReplies: true}
+	up := newMCPServer(false)
+	req := mcpPost("alice", rpc(`1`, "tools/call", callParams("transfer_preview", transferArgs(`"100.00"`, ""))), modern("tools/call", "transfer_preview")...)
+	b.ReportAllocs()
+	for b.Loop() {
+		do(b, d, req, up.handle)
+	}
+}

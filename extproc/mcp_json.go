@@ -3,6 +3,7 @@ package extproc
 import (
 	"bytes"
 	"encoding/json"
+	"unicode/utf8"
 
 	"github.com/idemgate/idemgate/extproc/envelope"
 )
@@ -196,6 +197,9 @@ func jsonString(raw []byte) (string, bool) {
 	if len(raw) == 0 || raw[0] != '"' {
 		return "", false
 	}
+	if s, ok := plainString(raw); ok {
+		return s, true
+	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return "", false
@@ -242,4 +246,24 @@ func compactJSON(raw []byte) []byte {
 		return raw
 	}
 	return b.Bytes()
+}
+
+// plainString decodes a JSON string that needs no decoding: quoted, valid
+// UTF-8, without escapes, quotes or control characters inside (method and
+// tool names, result types). Anything else is left to encoding/json, so the
+// answer is always what json.Unmarshal would give.
+func plainString(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	inner := raw[1 : len(raw)-1]
+	for _, c := range inner {
+		if c < 0x20 || c == '"' || c == '\\' {
+			return "", false
+		}
+	}
+	if !utf8.Valid(inner) {
+		return "", false
+	}
+	return string(inner), true
 }

@@ -1,6 +1,8 @@
 package extproc
 
 import (
+	"bytes"
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -54,3 +56,33 @@ func TestRawJSON(t *testing.T) {
 		require.False(t, ok, in)
 	}
 }
+
+// TestJSONStringAgreesWithEncodingJSON: the fast path for plain strings
+// answers what json.Unmarshal answers, for every input.
+func TestJSONStringAgreesWithEncodingJSON(t *testing.T) {
+	for _, raw := range []string{
+		`"tools/call"`, `"transfer_preview"`, `""`, `"caf\u00e9"`, `"a\"b"`, `"tab\there"`, "\"raw\ttab\"",
+		"\"bad \xff utf8\"", `"unterminated`, `"`, `12`, `null`, ` "spaced" `, `"é"`,
+	} {
+		checkJSONString(t, []byte(raw))
+	}
+}
+
+func FuzzJSONString(f *testing.F) {
+	for _, s := range []string{`"tools/call"`, `"caf\u00e9"`, "\"\xff\"", `"a\"b"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(checkJSONString)
+}
+
+func checkJSONString(t *testing.T, raw []byte) {
+	got, ok := jsonString(raw)
+	var want string
+	trimmed := bytes.TrimSpace(raw)
+	wantOK := len(trimmed) > 0 && trimmed[0] == '"' && json.Unmarshal(trimmed, &want) == nil
+	require.Equal(t, wantOK, ok, "%q", raw)
+	if ok {
+		require.Equal(t, want, got, "%q", raw)
+	}
+}
+

@@ -33,7 +33,7 @@ operations:
 
 // newMCPEnv is an env serving mcpConfigYAML (with extra YAML appended to
 // the top level, e.g. a messages language).
-func newMCPEnv(t *testing.T, extra string) *env {
+func newMCPEnv(t testing.TB, extra string) *env {
 	t.Helper()
 	e := newEnv(t, nil, nil)
 	e.cfg = testConfig(t, mcpConfigYAML+extra)
