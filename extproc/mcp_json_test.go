@@ -85,4 +85,3 @@ func checkJSONString(t *testing.T, raw []byte) {
 		require.Equal(t, want, got, "%q", raw)
 	}
 }
-
