@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -613,11 +614,19 @@ func TestSentinelFailoverKeepsAnswersAndComesBack(t *testing.T) {
 	defer replicaClient.Close()
 	ctx := t.Context()
 
-	// Sentinel can only promote a replica it has discovered.
+	// Sentinel can only promote a replica it has discovered, and a record
+	// reaches the replica only once the initial sync is over (on a loaded
+	// machine that takes seconds).
 	require.Eventually(t, func() bool {
 		replicas, err := sentinel.Replicas(ctx, name).Result()
 		return err == nil && len(replicas) == 1
 	}, 20*time.Second, 50*time.Millisecond, "sentinel never saw the replica")
+	require.Eventually(t, func() bool {
+		info, err := replicaClient.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	}, 20*time.Second, 50*time.Millisecond, "the replica never finished its sync")
+	masterClient := goredis.NewClient(&goredis.Options{Addr: master.Addr})
+	defer masterClient.Close()
 
 	rs, err := redis.New(redis.Options{Addrs: []string{sentinelAddr}, Mode: redis.ModeSentinel, MasterName: name})
 	require.NoError(t, err)
@@ -633,8 +642,11 @@ func TestSentinelFailoverKeepsAnswersAndComesBack(t *testing.T) {
 	statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
 	c, err := s.Complete(ctx, claim(before, "o"), statetest.Done())
 	statetest.RequireOutcome(t, state.OutcomeOK, c, err)
-	require.Eventually(t, func() bool { return replicaClient.Exists(ctx, rs.Key(before)).Val() == 1 },
-		5*time.Second, 10*time.Millisecond, "the record reached the replica")
+	// WAIT returns once the replica acknowledged every write before it.
+	acked, err := masterClient.Wait(ctx, 1, 20*time.Second).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), acked, "the replica did not acknowledge the record")
+	require.Equal(t, int64(1), replicaClient.Exists(ctx, rs.Key(before)).Val(), "the record reached the replica")
 
 	master.Kill()
 
