@@ -349,7 +349,7 @@ func TestServeStartsWithPostgresDownAndBecomesReady(t *testing.T) {
 // The tiered store over a Redis that speaks only TLS and asks for a client
 // certificate: serve becomes ready and a confirm takes its fast path.
 func TestServeTieredOverRedisTLS(t *testing.T) {
-	redisSrv, files := testutil.StartRedisTLS(t, true)
+	redisSrv, files := testutil.StartRedisTLS(t, testutil.RequireClientCerts)
 	dsn := testutil.CreateDatabase(t)
 	path := writeConfig(t, fmt.Sprintf(`store:
   redis:
