@@ -124,12 +124,12 @@ func TestBindingRule(t *testing.T) {
 		t.Run(a.name, func(t *testing.T) {
 			r := postRaw(t, s, user, "/v1/transfers/confirm", withFP(a.preview, a.members))
 			if a.reason == "params_changed" {
-				e := requireEnvelope(t, s, r, http.StatusUnprocessableEntity, "params_changed", false)
+				e := requireEnvelope(t, s, r, http.StatusUnprocessableEntity, "params_changed", notRetryable)
 				require.Equal(t, []string{"payee.account_id"}, e.ChangedFields)
 				requireSecurityAlert(t, s, a.reason, e.TraceID)
 				return
 			}
-			e := requireEnvelope(t, s, r, http.StatusBadRequest, "invalid_params", false)
+			e := requireEnvelope(t, s, r, http.StatusBadRequest, "invalid_params", notRetryable)
 			detail := detailOf(t, r)
 			for _, k := range a.keys {
 				require.Contains(t, detail, k)
@@ -140,7 +140,7 @@ func TestBindingRule(t *testing.T) {
 
 			// The preview of the same body is refused too.
 			r = postRaw(t, s, user, "/v1/transfers/preview", "{"+a.members+"}")
-			e = requireEnvelope(t, s, r, http.StatusBadRequest, "invalid_params", false)
+			e = requireEnvelope(t, s, r, http.StatusBadRequest, "invalid_params", notRetryable)
 			requireSecurityAlert(t, s, a.reason, e.TraceID)
 		})
 	}

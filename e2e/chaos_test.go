@@ -99,7 +99,7 @@ func TestRedisKilledDuringLoad(t *testing.T) {
 			continue
 		}
 		// Any other first answer must be a definite envelope.
-		requireEnvelope(t, s, r, r.StatusCode, r.Envelope.Status, false)
+		requireEnvelope(t, s, r, r.StatusCode, r.Envelope.Status, notRetryable)
 	}
 	require.Equal(t, executed, s.Payments.Executions(), "executions equal the 2xx first answers")
 	for _, p := range previews {
@@ -136,7 +136,7 @@ func TestPostgresUnreachable(t *testing.T) {
 	s.PGProxy.Cut()
 	for range 2 {
 		r := confirm(t, alice, p.ConfirmBody())
-		e := requireEnvelope(t, s, r, http.StatusServiceUnavailable, "temporarily_unavailable", true)
+		e := requireEnvelope(t, s, r, http.StatusServiceUnavailable, "temporarily_unavailable", retryable)
 		require.NotNil(t, e.RetryAfterMS)
 		require.Positive(t, *e.RetryAfterMS)
 		secs, err := strconv.Atoi(r.Header.Get("Retry-After"))

@@ -163,11 +163,11 @@ func TestCrashBetweenExecutionAndRecord(t *testing.T) {
 		// a person must look.
 		waitStatus(t, s, alice, p.Fingerprint, "needs_reconciliation", 3*crashLease)
 		r = confirm(t, alice, p.ConfirmBody())
-		e := requireEnvelope(t, s, r, http.StatusConflict, "needs_reconciliation", false)
+		e := requireEnvelope(t, s, r, http.StatusConflict, "needs_reconciliation", notRetryable)
 		require.Equal(t, "transfer_status", e.PollWith)
 		requireRow(t, s, p.Nonce, "UNKNOWN")
 		// Asking again changes nothing.
-		requireEnvelope(t, s, confirm(t, alice, p.ConfirmBody()), http.StatusConflict, "needs_reconciliation", false)
+		requireEnvelope(t, s, confirm(t, alice, p.ConfirmBody()), http.StatusConflict, "needs_reconciliation", notRetryable)
 		require.Equal(t, 1, s.Payments.Executions())
 		calls := s.Upstream.Confirms()
 		require.Len(t, calls, 1, "a downstream that ignores keys is never sent the confirm again")
@@ -193,7 +193,7 @@ func TestCrashBetweenExecutionAndRecord(t *testing.T) {
 		require.Equal(t, string(ledger), string(resolved.ResultBody))
 		requireReplay(t, s, confirm(t, alice, p.ConfirmBody()), p.Nonce, ledger)
 		r = status(t, alice, p.Fingerprint)
-		e = requireEnvelope(t, s, r, http.StatusOK, "completed", false)
+		e = requireEnvelope(t, s, r, http.StatusOK, "completed", notRetryable)
 		require.Equal(t, string(ledger), string(e.Result))
 
 		out, _, err = s.Idemgate.Run(ctx, "ops", "list", "--state", "UNKNOWN", "--dsn", s.DSN)

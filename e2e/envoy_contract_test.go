@@ -204,10 +204,10 @@ func TestEnvoyLocalRepliesSettleTheClaim(t *testing.T) {
 					require.Equal(t, 1, s.Payments.ExecutionsForKey(p.Nonce))
 					requireRow(t, s, p.Nonce, "DONE")
 				case wantRow == "UNKNOWN":
-					requireEnvelope(t, s, retry, http.StatusConflict, "needs_reconciliation", false)
+					requireEnvelope(t, s, retry, http.StatusConflict, "needs_reconciliation", notRetryable)
 					require.Len(t, s.Upstream.Confirms(), tc.upstreamTries(ignoresKeys), "never sent again")
 				default:
-					e := requireEnvelope(t, s, retry, http.StatusOK, "already_completed", false)
+					e := requireEnvelope(t, s, retry, http.StatusOK, "already_completed", notRetryable)
 					require.Contains(t, []string{"", "null"}, string(e.Result), "the body never reached idemgate")
 					require.Len(t, s.Upstream.Confirms(), 1, "never sent again")
 				}
@@ -235,11 +235,11 @@ func TestEnvoyRequestBodyOverTheBufferLimit(t *testing.T) {
 	require.NoError(t, err)
 
 	streams := envoyStat(t, s, statStreamsStarted)
-	r, err := alice.Raw(confirmTarget, raw, false)
+	r, err := alice.Raw(confirmTarget, raw, stack.WithLength)
 	require.NoError(t, err)
-	requireEnvelope(t, s, r, http.StatusRequestEntityTooLarge, "request_too_large", false)
+	requireEnvelope(t, s, r, http.StatusRequestEntityTooLarge, "request_too_large", notRetryable)
 
-	r, err = alice.Raw(confirmTarget, raw, true)
+	r, err = alice.Raw(confirmTarget, raw, stack.Chunked)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusRequestEntityTooLarge, r.StatusCode, "got %s", r)
 	require.Nil(t, r.Envelope, "Envoy's own 413")
@@ -488,7 +488,7 @@ func TestEnvoyStripsTheClientsSubjectHeader(t *testing.T) {
 	spoof := []string{"X-Idemgate-Subject: alice", "x-idemgate-subject: alice"}
 	r, err := bob.RawPost(confirmTarget, p.ConfirmBody(), spoof...)
 	require.NoError(t, err)
-	e := requireEnvelope(t, s, r, http.StatusForbidden, "fingerprint_subject_mismatch", false)
+	e := requireEnvelope(t, s, r, http.StatusForbidden, "fingerprint_subject_mismatch", notRetryable)
 	requireSecurityAlert(t, s, "fingerprint_subject_mismatch", e.TraceID)
 	line := s.Idemgate.LogLines("event=security_alert", "trace_id="+e.TraceID)[0]
 	require.Contains(t, line, "subject_tag="+bobTag, "idemgate used the JWT's subject")
@@ -547,7 +547,7 @@ func TestEnvoyRequestIDIsTheTraceID(t *testing.T) {
 	tampered["amount"] = "600.00"
 	r, err := alice.ConfirmWith(tampered, clientHeader)
 	require.NoError(t, err)
-	e := requireEnvelope(t, s, r, http.StatusUnprocessableEntity, "params_changed", false) // trace_id == Envoy's access log id
+	e := requireEnvelope(t, s, r, http.StatusUnprocessableEntity, "params_changed", notRetryable) // trace_id == Envoy's access log id
 	require.NotEqual(t, clientID, e.TraceID)
 	requireSecurityAlert(t, s, "params_changed", e.TraceID)
 
@@ -563,7 +563,7 @@ func TestEnvoyRequestIDIsTheTraceID(t *testing.T) {
 
 	st, err := alice.Post("/v1/transfers/status", map[string]any{"fingerprint": p.Fingerprint}, clientHeader)
 	require.NoError(t, err)
-	e = requireEnvelope(t, s, st, http.StatusOK, "completed", false)
+	e = requireEnvelope(t, s, st, http.StatusOK, "completed", notRetryable)
 	require.NotEqual(t, clientID, e.TraceID)
 }
 

@@ -33,7 +33,7 @@ func TestReplayAfterRedisFlushall(t *testing.T) {
 	requireReplay(t, s, confirm(t, alice, p.ConfirmBody()), p.Nonce, first.Body)
 	// And the status tool agrees.
 	r := status(t, alice, p.Fingerprint)
-	e := requireEnvelope(t, s, r, http.StatusOK, "completed", false)
+	e := requireEnvelope(t, s, r, http.StatusOK, "completed", notRetryable)
 	require.Equal(t, string(first.Body), string(e.Result))
 
 	require.Equal(t, 1, s.Payments.Executions())

@@ -48,17 +48,25 @@ func status(t *testing.T, a *stack.Agent, fingerprint string) *stack.Response {
 	return r
 }
 
+// retry is the envelope's retryable that an answer must carry.
+type retry bool
+
+const (
+	retryable    retry = true
+	notRetryable retry = false
+)
+
 // requireEnvelope checks an answer idemgate wrote itself: the HTTP status,
 // the envelope status, retryable, a meaning and an instruction for the
 // agent, and trace_id equal to the x-request-id the front gave the request.
-func requireEnvelope(t *testing.T, s *stack.Stack, r *stack.Response, httpStatus int, envStatus string, retryable bool) *stack.Envelope {
+func requireEnvelope(t *testing.T, s *stack.Stack, r *stack.Response, httpStatus int, envStatus string, want retry) *stack.Envelope {
 	t.Helper()
 	require.NotNil(t, r.Envelope, "expected an idemgate envelope, got %s", r)
 	e := r.Envelope
 	require.Equal(t, httpStatus, r.StatusCode, "HTTP status of %s", r)
 	require.Equal(t, envStatus, e.Status, "envelope status of %s", r)
 	require.NotNil(t, e.Retryable, "retryable missing in %s", r)
-	require.Equal(t, retryable, *e.Retryable, "retryable in %s", r)
+	require.Equal(t, bool(want), *e.Retryable, "retryable in %s", r)
 	require.NotEmpty(t, e.Meaning, "meaning missing in %s", r)
 	require.NotEmpty(t, e.Instruction, "instruction missing in %s", r)
 	require.Equal(t, "application/json", r.Header.Get("Content-Type"))
@@ -95,7 +103,7 @@ func requireExecuted(t *testing.T, r *stack.Response) transferAnswer {
 // byte for byte in result.
 func requireReplay(t *testing.T, s *stack.Stack, r *stack.Response, nonce string, original []byte) {
 	t.Helper()
-	e := requireEnvelope(t, s, r, http.StatusOK, "already_completed", false)
+	e := requireEnvelope(t, s, r, http.StatusOK, "already_completed", notRetryable)
 	require.True(t, r.Replayed(), "a replay carries Idempotent-Replayed: true")
 	require.Equal(t, nonce, r.Header.Get("Idempotency-Key"))
 	require.Equal(t, string(original), string(e.Result), "the replayed result must be the original bytes")
@@ -108,7 +116,7 @@ func requireReplay(t *testing.T, s *stack.Stack, r *stack.Response, nonce string
 // the status tool.
 func requireInProgress(t *testing.T, s *stack.Stack, r *stack.Response) {
 	t.Helper()
-	e := requireEnvelope(t, s, r, http.StatusConflict, "in_progress", false)
+	e := requireEnvelope(t, s, r, http.StatusConflict, "in_progress", notRetryable)
 	require.Equal(t, "transfer_status", e.PollWith)
 	require.NotNil(t, e.PollAfterMS)
 	secs, err := strconv.Atoi(r.Header.Get("Retry-After"))

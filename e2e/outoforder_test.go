@@ -70,7 +70,7 @@ func TestStaleOwnersLateAnswerDoesNotOverwrite(t *testing.T) {
 	require.Equal(t, string(second.Body), string(kept.ResultBody), "the late failure must not overwrite the new owner's result")
 
 	r := status(t, alice, p.Fingerprint)
-	e := requireEnvelope(t, s, r, http.StatusOK, "completed", false)
+	e := requireEnvelope(t, s, r, http.StatusOK, "completed", notRetryable)
 	require.Equal(t, string(second.Body), string(e.Result))
 	require.Equal(t, tr.TransferID, e.ResultRef)
 	requireReplay(t, s, confirm(t, alice, p.ConfirmBody()), p.Nonce, second.Body)

@@ -47,7 +47,7 @@ func TestTamperedParamsAreRefusedAndReported(t *testing.T) {
 			body := p.ConfirmBody()
 			tc.edit(body)
 			r := confirm(t, alice, body)
-			e := requireEnvelope(t, s, r, http.StatusUnprocessableEntity, "params_changed", false)
+			e := requireEnvelope(t, s, r, http.StatusUnprocessableEntity, "params_changed", notRetryable)
 			require.ElementsMatch(t, tc.changed, e.ChangedFields)
 			require.Equal(t, "transfer_preview", e.PreviewWith)
 			requireSecurityAlert(t, s, "params_changed", e.TraceID)
@@ -77,7 +77,7 @@ func TestTamperedParamsAreRefusedAndReported(t *testing.T) {
 	// After the execution a tampered amount is still refused, not replayed.
 	late := p.ConfirmBody()
 	late["amount"] = "1000.00"
-	e := requireEnvelope(t, s, confirm(t, alice, late), http.StatusUnprocessableEntity, "params_changed", false)
+	e := requireEnvelope(t, s, confirm(t, alice, late), http.StatusUnprocessableEntity, "params_changed", notRetryable)
 	require.Equal(t, []string{"amount"}, e.ChangedFields)
 	requireSecurityAlert(t, s, "params_changed", e.TraceID)
 
@@ -96,14 +96,14 @@ func TestAnotherUsersFingerprintIsRefused(t *testing.T) {
 	p := preview(t, alice, transfer("500.00", "acct_frank", "deposit"))
 
 	r := confirm(t, bob, p.ConfirmBody())
-	e := requireEnvelope(t, s, r, http.StatusForbidden, "fingerprint_subject_mismatch", false)
+	e := requireEnvelope(t, s, r, http.StatusForbidden, "fingerprint_subject_mismatch", notRetryable)
 	requireSecurityAlert(t, s, "fingerprint_subject_mismatch", e.TraceID)
 
 	// The header idemgate trusts, sent by the client: stripped, so bob is
 	// still bob.
 	spoofed, err := bob.ConfirmWith(p.ConfirmBody(), http.Header{"X-Idemgate-Subject": {"alice"}})
 	require.NoError(t, err)
-	e = requireEnvelope(t, s, spoofed, http.StatusForbidden, "fingerprint_subject_mismatch", false)
+	e = requireEnvelope(t, s, spoofed, http.StatusForbidden, "fingerprint_subject_mismatch", notRetryable)
 	requireSecurityAlert(t, s, "fingerprint_subject_mismatch", e.TraceID)
 
 	// Without a JWT the header alone gets nobody anywhere: jwt_authn
@@ -115,7 +115,7 @@ func TestAnotherUsersFingerprintIsRefused(t *testing.T) {
 
 	// Nor may bob read the status of alice's operation.
 	st := status(t, bob, p.Fingerprint)
-	e = requireEnvelope(t, s, st, http.StatusForbidden, "fingerprint_subject_mismatch", false)
+	e = requireEnvelope(t, s, st, http.StatusForbidden, "fingerprint_subject_mismatch", notRetryable)
 	requireSecurityAlert(t, s, "fingerprint_subject_mismatch", e.TraceID)
 
 	require.Zero(t, s.Payments.Executions())

@@ -72,7 +72,7 @@ func TestStatusToolNotStartedThenCompleted(t *testing.T) {
 	p := preview(t, alice, transfer("42.50", "acct_carol", "books"))
 
 	r := status(t, alice, p.Fingerprint)
-	requireEnvelope(t, s, r, http.StatusOK, "not_started", false)
+	requireEnvelope(t, s, r, http.StatusOK, "not_started", notRetryable)
 	require.Nil(t, r.Envelope.Result)
 	requireRowCounts(t, s, map[string]int{})
 
@@ -80,7 +80,7 @@ func TestStatusToolNotStartedThenCompleted(t *testing.T) {
 	tr := requireExecuted(t, done)
 
 	r = status(t, alice, p.Fingerprint)
-	e := requireEnvelope(t, s, r, http.StatusOK, "completed", false)
+	e := requireEnvelope(t, s, r, http.StatusOK, "completed", notRetryable)
 	require.Equal(t, string(done.Body), string(e.Result), "the status tool returns the stored result byte for byte")
 	require.Equal(t, tr.TransferID, e.ResultRef)
 	require.Equal(t, http.StatusOK, e.ResultStatus)

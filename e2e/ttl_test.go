@@ -37,7 +37,7 @@ func TestFingerprintExpiryBoundary(t *testing.T) {
 	// exp + 1 s: refused.
 	sleepUntil(time.Unix(after.Exp+1, 0).Add(boundaryMargin))
 	r = confirm(t, alice, after.ConfirmBody())
-	e := requireEnvelope(t, s, r, http.StatusGone, "fingerprint_expired", false)
+	e := requireEnvelope(t, s, r, http.StatusGone, "fingerprint_expired", notRetryable)
 	require.Equal(t, "transfer_preview", e.PreviewWith)
 
 	require.Equal(t, 1, s.Payments.Executions())

@@ -207,7 +207,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer, logge
 		return err
 	}
 	defer os.RemoveAll(dir)
-	log := &lockedWriter{w: stderr}
+	ws := workspace{dir: dir, log: &lockedWriter{w: stderr}}
 
 	// Everything started is stopped on the way out, in reverse: the front,
 	// then idemgate, then the upstream.
@@ -229,7 +229,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer, logge
 	pay := servePayments(lis, logger)
 	stops = append(stops, pay.stop)
 
-	idem, err := startIdemgate(ctx, o.idemgateBin, dir, cfg, key, log)
+	idem, err := ws.startIdemgate(ctx, o.idemgateBin, cfg, key)
 	if err != nil {
 		return err
 	}
@@ -242,7 +242,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer, logge
 	if err != nil {
 		return err
 	}
-	front, err := startEnvoy(ctx, o.envoyBin, version, dir, bootstrap, log)
+	front, err := ws.startEnvoy(ctx, o.envoyBin, bootstrap)
 	if err != nil {
 		return err
 	}

@@ -89,26 +89,25 @@ func canonicalJSON(b []byte) ([]byte, error) {
 // other children.
 type envoyFront struct {
 	*envoytest.Envoy
-	version string
-	out     *lineWriter
-	done    chan struct{} // closed once Envoy exited and its output was copied
+	out  *lineWriter
+	done chan struct{} // closed once Envoy exited and its output was copied
 }
 
 // envoyReadyTimeout bounds Envoy's start: process up, clusters initialised
 // (the idemgate cluster's first health check), listener bound.
 const envoyReadyTimeout = 60 * time.Second
 
-// startEnvoy runs bin on the rendered bootstrap in dir and waits until its
+// startEnvoy runs bin on the rendered bootstrap in w.dir and waits until its
 // admin says LIVE and the listener is bound (envoytest.Start, which reads
 // the listener's bound address back: it may have been asked for port 0).
 // The access log (stdout) and Envoy's warnings join the demo's log on
-// stderr, each line prefixed "envoy: "; the access log is flushed every
-// 500 ms instead of Envoy's 10 s, so that a person sees each request's line
-// as it happens.
-func startEnvoy(ctx context.Context, bin, version, dir string, bootstrap []byte, log *lockedWriter) (*envoyFront, error) {
-	out := &lineWriter{emit: func(line string) { log.writeLine("envoy: " + line) }}
+// stderr (w.log), each line prefixed "envoy: "; the access log is flushed
+// every 500 ms instead of Envoy's 10 s, so that a person sees each
+// request's line as it happens.
+func (w workspace) startEnvoy(ctx context.Context, bin string, bootstrap []byte) (*envoyFront, error) {
+	out := &lineWriter{emit: func(line string) { w.log.writeLine("envoy: " + line) }}
 	e, err := envoytest.Start(ctx, envoytest.Options{
-		Bin: bin, Bootstrap: bootstrap, Dir: dir,
+		Bin: bin, Bootstrap: bootstrap, Dir: w.dir,
 		Concurrency: 2, FlushInterval: 500 * time.Millisecond,
 		Stdout: out, Stderr: out, Env: os.Environ(),
 		ReadyTimeout: envoyReadyTimeout,
@@ -117,7 +116,7 @@ func startEnvoy(ctx context.Context, bin, version, dir string, bootstrap []byte,
 		out.flush()
 		return nil, fmt.Errorf("envoy failed to start: %w", err)
 	}
-	f := &envoyFront{Envoy: e, version: version, out: out, done: make(chan struct{})}
+	f := &envoyFront{Envoy: e, out: out, done: make(chan struct{})}
 	go func() {
 		<-e.Done()
 		out.flush()

@@ -25,12 +25,12 @@ const idemgateReadyTimeout = 30 * time.Second
 // msg="idemgate serving" version=... grpc=127.0.0.1:N admin=127.0.0.1:M ...
 var servingLine = regexp.MustCompile(`msg="idemgate serving" .*\bgrpc=(\S+) admin=(\S+)`)
 
-// startIdemgate runs `bin serve` on config (written to dir) with both
+// startIdemgate runs `bin serve` on config (written to w.dir) with both
 // listeners on loopback port 0, so no port can be taken between choosing
 // and binding it, and waits for its `ready` line. key is the signing key,
 // passed in the variable the config names.
-func startIdemgate(ctx context.Context, bin, dir string, config []byte, key string, log *lockedWriter) (*idemgateServer, error) {
-	cfg := filepath.Join(dir, "idemgate.yaml")
+func (w workspace) startIdemgate(ctx context.Context, bin string, config []byte, key string) (*idemgateServer, error) {
+	cfg := filepath.Join(w.dir, "idemgate.yaml")
 	if err := os.WriteFile(cfg, config, 0o600); err != nil {
 		return nil, err
 	}
@@ -38,10 +38,11 @@ func startIdemgate(ctx context.Context, bin, dir string, config []byte, key stri
 	var once sync.Once
 	ready := make(chan struct{})
 	var mu sync.Mutex
-	c, err := startChild("idemgate", bin,
-		[]string{"serve", "--config", cfg, "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"},
-		append(os.Environ(), demoKeyEnv+"="+key), log,
-		func(line string) {
+	c, err := w.startChild(childSpec{
+		name: "idemgate", bin: bin,
+		args: []string{"serve", "--config", cfg, "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"},
+		env:  append(os.Environ(), demoKeyEnv+"="+key),
+		onLine: func(line string) {
 			if m := servingLine.FindStringSubmatch(line); m != nil {
 				mu.Lock()
 				s.grpcAddr, s.adminAddr = m[1], m[2]
@@ -51,7 +52,8 @@ func startIdemgate(ctx context.Context, bin, dir string, config []byte, key stri
 			if line == "ready" {
 				once.Do(func() { close(ready) })
 			}
-		})
+		},
+	})
 	if err != nil {
 		return nil, err
 	}

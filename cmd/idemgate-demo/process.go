@@ -26,13 +26,30 @@ type child struct {
 // tailLines is how many of a child's last output lines an error quotes.
 const tailLines = 20
 
-// startChild runs bin with args. Every line it writes (stdout and stderr)
-// goes to log prefixed with its name, and to onLine (which may be nil) from
-// the copying goroutines.
-func startChild(name, bin string, args, env []string, log *lockedWriter, onLine func(string)) (*child, error) {
-	c := &child{name: name, done: make(chan struct{})}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = env
+// workspace is what the demo's children share: dir, a temporary directory
+// for the files they read, and log, where their output lines go.
+type workspace struct {
+	dir string
+	log *lockedWriter
+}
+
+// childSpec is a child process to start.
+type childSpec struct {
+	name string // prefixes its lines in the log and names it in errors
+	bin  string
+	args []string
+	env  []string // its whole environment
+	// onLine, if set, is called with every line it writes, from the copying
+	// goroutines.
+	onLine func(string)
+}
+
+// startChild runs spec.bin with spec.args. Every line it writes (stdout and
+// stderr) goes to the log prefixed with its name, and to spec.onLine.
+func (w workspace) startChild(spec childSpec) (*child, error) {
+	c := &child{name: spec.name, done: make(chan struct{})}
+	cmd := exec.Command(spec.bin, spec.args...)
+	cmd.Env = spec.env
 	out := &lineWriter{emit: func(line string) {
 		c.mu.Lock()
 		c.tail = append(c.tail, line)
@@ -40,9 +57,9 @@ func startChild(name, bin string, args, env []string, log *lockedWriter, onLine 
 			c.tail = c.tail[1:]
 		}
 		c.mu.Unlock()
-		log.writeLine(name + ": " + line)
-		if onLine != nil {
-			onLine(line)
+		w.log.writeLine(spec.name + ": " + line)
+		if spec.onLine != nil {
+			spec.onLine(line)
 		}
 	}}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -52,7 +69,7 @@ func startChild(name, bin string, args, env []string, log *lockedWriter, onLine 
 	// than hold the ports.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("failed to start %s (%s): %w", name, bin, err)
+		return nil, fmt.Errorf("failed to start %s (%s): %w", spec.name, spec.bin, err)
 	}
 	c.cmd = cmd
 	go func() {

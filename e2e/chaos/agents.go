@@ -81,15 +81,25 @@ var memos = []string{
 	"请付房租", "team lunch", "reimbursement: taxi", "taxi reimbursement",
 }
 
-func newAgent(id int, seed int64, users int, pods []*Pod, client *http.Client, rec *Recorder, mem *memory) (*Agent, error) {
-	user := fmt.Sprintf("user%d", id%users)
+// agentSetup is what the agents of a run share.
+type agentSetup struct {
+	seed   int64 // with the agent's id, seeds its choices
+	users  int   // agent id is user id%users
+	pods   []*Pod
+	client *http.Client
+	rec    *Recorder
+}
+
+// newAgent returns agent id, remembering its transfers in mem.
+func (s agentSetup) newAgent(id int, mem *memory) (*Agent, error) {
+	user := fmt.Sprintf("user%d", id%s.users)
 	tok, err := demoauth.Mint(user, 24*time.Hour, time.Now())
 	if err != nil {
 		return nil, err
 	}
 	return &Agent{
-		id: id, user: user, token: tok, pods: pods, client: client, rec: rec, mem: mem,
-		rng: rand.New(rand.NewPCG(uint64(seed), uint64(id)+1)),
+		id: id, user: user, token: tok, pods: s.pods, client: s.client, rec: s.rec, mem: mem,
+		rng: rand.New(rand.NewPCG(uint64(s.seed), uint64(id)+1)),
 	}, nil
 }
 

@@ -144,7 +144,7 @@ func Check(h History) []Violation {
 			if c.Timeout {
 				continue // the agent's own deadline: it knows it gave up
 			}
-			if _, ok := explainingFault(infraFaults(h.Faults), c, false); !ok {
+			if _, ok := explainingFault(infraFaults(h.Faults), c); !ok {
 				add(2, c.Nonce, "call %d (pod %d) got %s with no fault to explain it", c.ID, c.Pod, describe(c))
 			}
 		case ClassUnavailable:
@@ -294,6 +294,7 @@ func ExpiredUnmarked(h History, r Row) bool {
 // one logged for that nonce, or one that hit the pod (or the shared
 // PostgreSQL) while one of its confirms was in flight.
 func UnknownCause(h History, nonce string) (Fault, bool) {
+	ambiguous := ambiguousFaults(h.Faults)
 	for _, c := range h.Calls {
 		if c.Nonce != nonce || c.Kind != KindConfirm {
 			continue
@@ -303,26 +304,22 @@ func UnknownCause(h History, nonce string) (Fault, bool) {
 		if cls := classify(c); cls != ClassInfra && cls != ClassResult {
 			continue
 		}
-		if f, ok := explainingFault(h.Faults, c, true); ok {
+		if f, ok := explainingFault(ambiguous, c); ok {
 			return f, true
 		}
 	}
-	for _, f := range h.Faults {
-		if f.Ambiguous() && f.Nonce == nonce {
+	for _, f := range ambiguous {
+		if f.Nonce == nonce {
 			return f, true
 		}
 	}
 	return Fault{}, false
 }
 
-// explainingFault finds a fault that explains what call c got: one logged
-// for its nonce, on its pod, or on a shared part, during its window.
-// ambiguousOnly keeps the faults that can leave an outcome unknown.
-func explainingFault(faults []Fault, c Call, ambiguousOnly bool) (Fault, bool) {
+// explainingFault finds one of faults that explains what call c got: one
+// logged for its nonce, on its pod, or on a shared part, during its window.
+func explainingFault(faults []Fault, c Call) (Fault, bool) {
 	for _, f := range faults {
-		if ambiguousOnly && !f.Ambiguous() {
-			continue
-		}
 		if f.Nonce != "" && f.Nonce != c.Nonce || f.Nonce == "" && f.Pod >= 0 && f.Pod != c.Pod {
 			continue
 		}
@@ -331,6 +328,17 @@ func explainingFault(faults []Fault, c Call, ambiguousOnly bool) (Fault, bool) {
 		}
 	}
 	return Fault{}, false
+}
+
+// ambiguousFaults are the faults that can leave an outcome unknown.
+func ambiguousFaults(faults []Fault) []Fault {
+	var out []Fault
+	for _, f := range faults {
+		if f.Ambiguous() {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // infraFaults are the faults that may take an answer out of idemgate's

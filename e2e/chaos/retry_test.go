@@ -40,7 +40,7 @@ func TestShippedRetryOnResetDoublePays(t *testing.T) {
 				ConfirmRouteTimeout: 8 * time.Second, ConfirmRetryOn: tc.retryOn}, ledger)
 			client := &http.Client{}
 			defer client.CloseIdleConnections()
-			a, err := newAgent(0, 1, 1, tp.Pods, client, rec, &memory{})
+			a, err := agentSetup{seed: 1, users: 1, pods: tp.Pods, client: client, rec: rec}.newAgent(0, &memory{})
 			if err != nil {
 				t.Fatal(err)
 			}

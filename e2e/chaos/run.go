@@ -98,9 +98,10 @@ func Run(t testing.TB, env stack.Env, opts Options) Result {
 	mem := &memory{}
 	ctx, cancel := context.WithTimeout(context.Background(), opts.Duration)
 	defer cancel()
+	setup := agentSetup{seed: opts.Seed, users: opts.Users, pods: tp.Pods, client: client, rec: rec}
 	var wg sync.WaitGroup
 	for i := range opts.Agents {
-		a, err := newAgent(i, opts.Seed, opts.Users, tp.Pods, client, rec, mem)
+		a, err := setup.newAgent(i, mem)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -180,6 +181,7 @@ func sweep(rec *Recorder, pods []*Pod, client *http.Client, opts Options) {
 		}
 	}
 	_, _, issued := rec.Snapshot()
+	setup := agentSetup{seed: opts.Seed, users: opts.Users, pods: pods, client: client, rec: rec}
 	agents := map[int]*Agent{}
 	for _, n := range sortedKeys(byNonce) {
 		last, ok := lastDecisive(byNonce[n])
@@ -190,7 +192,7 @@ func sweep(rec *Recorder, pods []*Pod, client *http.Client, opts Options) {
 		a := agents[id]
 		if a == nil {
 			var err error
-			if a, err = newAgent(id, opts.Seed, opts.Users, pods, client, rec, &memory{}); err != nil {
+			if a, err = setup.newAgent(id, &memory{}); err != nil {
 				continue
 			}
 			a.rng = rand.New(rand.NewPCG(uint64(opts.Seed), 0x5eed))

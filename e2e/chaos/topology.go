@@ -188,7 +188,10 @@ func StartTopology(t testing.TB, env stack.Env, opts Options, ledger *Ledger) *T
 		if err := os.WriteFile(path, cfg, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		g := stack.NewIdemgate(env.IdemgateBin, path, key, proxied, grpcAddr, adminAddr)
+		g := stack.NewIdemgate(stack.IdemgateSpec{
+			Bin: env.IdemgateBin, ConfigPath: path, SigningKey: key, DSN: proxied,
+			GRPCAddr: grpcAddr, AdminAddr: adminAddr,
+		})
 		t.Cleanup(g.Stop)
 		if err := g.Start(); err != nil {
 			t.Fatalf("idemgate %d did not start: %v\n%s", i, err, g.Log())

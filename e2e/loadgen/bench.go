@@ -469,7 +469,7 @@ func (b *bench) startIdemgateFor(ctx context.Context, name, store string) (*idem
 	case "postgres":
 		s.PostgresDSN = b.db.dsn
 	}
-	p, err := startIdemgate(ctx, b.bin, b.tmp, name, b.key, s, b.profiling())
+	p, err := startIdemgate(ctx, idemgateSpec{bin: b.bin, dir: b.tmp, name: name, key: b.key, settings: s, pprof: b.profiling()})
 	if err != nil {
 		return nil, err
 	}

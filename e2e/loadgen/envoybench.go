@@ -180,7 +180,7 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	}
 	e.children = append(e.children, iof)
 	e.extProcPid[evIO] = iof.pid()
-	e.idem, err = startIdemgate(ctx, b.bin, e.dir, "envoy", b.key, settings, b.profiling())
+	e.idem, err = startIdemgate(ctx, idemgateSpec{bin: b.bin, dir: e.dir, name: "envoy", key: b.key, settings: settings, pprof: b.profiling()})
 	if err != nil {
 		return err
 	}
@@ -192,20 +192,17 @@ func (e *envoyBench) setup(ctx context.Context) error {
 
 	// One Envoy per ext_proc target; the no-ext_proc one keeps its idemgate
 	// cluster (health-checked, never used) pointed at the no-op server.
-	edits := func(extProc string, dropExtProc bool) envoytest.Edits {
-		return envoytest.Edits{
-			Clusters:    map[string]string{envoytest.IdemgateCluster: extProc, envoytest.PaymentsCluster: upAddr},
-			DropExtProc: dropExtProc,
-		}
+	clusters := func(extProc string) map[string]string {
+		return map[string]string{envoytest.IdemgateCluster: extProc, envoytest.PaymentsCluster: upAddr}
 	}
 	for _, s := range []struct {
 		columns []string
 		edits   envoytest.Edits
 	}{
-		{[]string{evPlain}, edits(noopAddr, true)},
-		{[]string{evNoop, evNoopMCP}, edits(noopAddr, false)},
-		{[]string{evIO}, edits(ioAddr, false)},
-		{idemgateColumns, edits(e.idem.grpcAddr, false)},
+		{[]string{evPlain}, envoytest.Edits{Clusters: clusters(noopAddr), DropExtProc: true}},
+		{[]string{evNoop, evNoopMCP}, envoytest.Edits{Clusters: clusters(noopAddr)}},
+		{[]string{evIO}, envoytest.Edits{Clusters: clusters(ioAddr)}},
+		{idemgateColumns, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr)}},
 	} {
 		p, err := startEnvoy(ctx, e.bin, e.dir, s.columns[0], s.edits)
 		if err != nil {

@@ -141,10 +141,21 @@ type idemgateProcess struct {
 	pprofAddr string
 }
 
-// startIdemgate writes the config to dir and starts `idemgate serve`,
-// waiting for its ready line and for /readyz. With pprof, idemgate serves
-// /debug/pprof/ on its admin listener (serve --pprof).
-func startIdemgate(ctx context.Context, bin, dir, name, key string, s idemgateSettings, pprof bool) (*idemgateProcess, error) {
+// idemgateSpec is an `idemgate serve` to start.
+type idemgateSpec struct {
+	bin  string
+	dir  string // where its config is written
+	name string // names its config file and its lines
+	key  string // the signing key, in IDEMGATE_KEY_K1
+	// settings render its config; startIdemgate chooses the listeners.
+	settings idemgateSettings
+	// pprof serves /debug/pprof/ on its admin listener (serve --pprof).
+	pprof bool
+}
+
+// startIdemgate writes the config of spec to spec.dir and starts `idemgate
+// serve`, waiting for its ready line and for /readyz.
+func startIdemgate(ctx context.Context, spec idemgateSpec) (*idemgateProcess, error) {
 	gp, err := freePort()
 	if err != nil {
 		return nil, err
@@ -153,24 +164,25 @@ func startIdemgate(ctx context.Context, bin, dir, name, key string, s idemgateSe
 	if err != nil {
 		return nil, err
 	}
+	s := spec.settings
 	s.GRPCListen = fmt.Sprintf("127.0.0.1:%d", gp)
 	s.AdminListen = fmt.Sprintf("127.0.0.1:%d", ap)
 	cfg, err := renderIdemgateConfig(s)
 	if err != nil {
 		return nil, err
 	}
-	path := filepath.Join(dir, name+".idemgate.yaml")
+	path := filepath.Join(spec.dir, spec.name+".idemgate.yaml")
 	if err := os.WriteFile(path, cfg, 0o600); err != nil {
 		return nil, fmt.Errorf("failed to write %s: %w", path, err)
 	}
-	env := []string{"IDEMGATE_KEY_K1=" + key}
+	env := []string{"IDEMGATE_KEY_K1=" + spec.key}
 	args := []string{"serve", "--config", path}
-	if pprof {
+	if spec.pprof {
 		args = append(args, "--pprof")
 	}
 	c, err := startChild(ctx, childSpec{
-		name:      "idemgate (" + name + ")",
-		path:      bin,
+		name:      "idemgate (" + spec.name + ")",
+		path:      spec.bin,
 		args:      args,
 		env:       env,
 		readyLine: "ready",

@@ -65,7 +65,7 @@ func (c *compiler) errorf(path []any, format string, args ...any) {
 }
 
 func (c *compiler) keyErrorf(path []any, format string, args ...any) {
-	c.errs = append(c.errs, c.d.problemAt(path, true, format, args...))
+	c.errs = append(c.errs, c.d.problemAt(path, atKey, format, args...))
 }
 
 func (c *compiler) warnf(path []any, format string, args ...any) {

@@ -62,10 +62,17 @@ func pathString(path []any) string {
 	return b.String()
 }
 
+// entryPart says which part of a path's last entry a problem points at.
+type entryPart uint8
+
+const (
+	atValue entryPart = iota // the value (the default)
+	atKey                    // the key itself (an unknown or badly named key)
+)
+
 // lookup returns the node at path, or the deepest existing ancestor when
 // the path does not exist (a missing required key is reported at its parent).
-// keyNode selects the key of the last segment instead of its value.
-func (d *doc) lookup(path []any, keyNode bool) ast.Node {
+func (d *doc) lookup(path []any, at entryPart) ast.Node {
 	node := unwrap(d.root)
 	var last ast.Node = node
 	for i, seg := range path {
@@ -77,7 +84,7 @@ func (d *doc) lookup(path []any, keyNode bool) ast.Node {
 		case string:
 			for _, mv := range mappingValues(node) {
 				if scalarText(mv.Key) == s {
-					if keyNode && i == len(path)-1 {
+					if at == atKey && i == len(path)-1 {
 						return mv.Key
 					}
 					next = mv.Value
@@ -102,10 +109,10 @@ func (d *doc) lookup(path []any, keyNode bool) ast.Node {
 	return last
 }
 
-// problem builds a Problem located at path (the value, or with atKey its key).
-func (d *doc) problemAt(path []any, atKey bool, format string, args ...any) *Problem {
+// problemAt builds a Problem located at path (its value or its key).
+func (d *doc) problemAt(path []any, at entryPart, format string, args ...any) *Problem {
 	p := &Problem{File: d.file, Path: pathString(path), Message: fmt.Sprintf(format, args...)}
-	if n := d.lookup(path, atKey); n != nil {
+	if n := d.lookup(path, at); n != nil {
 		// A mapping's own token is the ':' of its first entry; its first
 		// key is where a reader looks.
 		if values := mappingValues(n); len(values) > 0 {
@@ -122,7 +129,7 @@ func (d *doc) problemAt(path []any, atKey bool, format string, args ...any) *Pro
 }
 
 func (d *doc) problem(path []any, format string, args ...any) *Problem {
-	return d.problemAt(path, false, format, args...)
+	return d.problemAt(path, atValue, format, args...)
 }
 
 // unwrap removes anchors and tags around a value.
@@ -284,7 +291,7 @@ func (c *shapeCheck) walk(node ast.Node, path []any, schemas ...reflect.Type) {
 			ft, ok := fields[key]
 			if !ok {
 				c.unknown++
-				c.problems = append(c.problems, c.d.problemAt(append(clonePath(path), key), true,
+				c.problems = append(c.problems, c.d.problemAt(append(clonePath(path), key), atKey,
 					"unknown key %q (known keys: %s)", key, knownKeys(fields)))
 				continue
 			}

@@ -316,6 +316,15 @@ const (
 	dirResponse
 )
 
+// part is the part of a direction a message carries: its headers or its
+// body.
+type part uint8
+
+const (
+	partHeaders part = iota
+	partBody
+)
+
 // exchange is the state of one stream.
 type exchange struct {
 	stream  extprocv3.ExternalProcessor_ProcessClient
@@ -345,7 +354,7 @@ type exchange struct {
 func (ex *exchange) run(hold Hold, up Upstream) Outcome {
 	req := ex.req
 	reqEOS := len(req.Body) == 0
-	if out, done := ex.step(dirRequest, true, &extprocv3.ProcessingRequest{
+	if out, done := ex.step(dirRequest, partHeaders, &extprocv3.ProcessingRequest{
 		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
 			Headers:     &corev3.HeaderMap{Headers: req.Headers},
 			EndOfStream: reqEOS,
@@ -354,7 +363,7 @@ func (ex *exchange) run(hold Hold, up Upstream) Outcome {
 		return out
 	}
 	if !reqEOS && ex.reqBody != filterv3.ProcessingMode_NONE {
-		if out, done := ex.step(dirRequest, false, &extprocv3.ProcessingRequest{
+		if out, done := ex.step(dirRequest, partBody, &extprocv3.ProcessingRequest{
 			Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
 				Body: req.Body, EndOfStream: true,
 			}},
@@ -382,7 +391,7 @@ func (ex *exchange) run(hold Hold, up Upstream) Outcome {
 	ex.respLen = headerValue(ex.resp.Headers, "content-length")
 	respEOS := len(ex.resp.Body) == 0
 	if ex.respHead != filterv3.ProcessingMode_SKIP {
-		if out, done := ex.step(dirResponse, true, &extprocv3.ProcessingRequest{
+		if out, done := ex.step(dirResponse, partHeaders, &extprocv3.ProcessingRequest{
 			Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
 				Headers:     &corev3.HeaderMap{Headers: ex.resp.Headers},
 				EndOfStream: respEOS,
@@ -392,7 +401,7 @@ func (ex *exchange) run(hold Hold, up Upstream) Outcome {
 		}
 	}
 	if !respEOS && ex.respBody != filterv3.ProcessingMode_NONE {
-		if out, done := ex.step(dirResponse, false, &extprocv3.ProcessingRequest{
+		if out, done := ex.step(dirResponse, partBody, &extprocv3.ProcessingRequest{
 			Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
 				Body: ex.resp.Body, EndOfStream: true,
 			}},
@@ -411,7 +420,7 @@ func (ex *exchange) upstream() Outcome {
 
 // step sends one message, waits for its reply and applies it. done reports
 // that the request ended (out says how).
-func (ex *exchange) step(dir direction, headers bool, msg *extprocv3.ProcessingRequest) (out Outcome, done bool) {
+func (ex *exchange) step(dir direction, p part, msg *extprocv3.ProcessingRequest) (out Outcome, done bool) {
 	if ex.gone {
 		return Outcome{}, false
 	}
@@ -438,7 +447,7 @@ func (ex *exchange) step(dir direction, headers bool, msg *extprocv3.ProcessingR
 	if ex.view != nil {
 		ex.view.Replies++
 	}
-	return ex.apply(dir, headers, resp)
+	return ex.apply(dir, p, resp)
 }
 
 // roundTrip sends msg and receives the reply, skipping replies Envoy
@@ -474,7 +483,7 @@ func failed(ctx context.Context, err error) Outcome {
 }
 
 // apply honours one reply. done reports that the request ended.
-func (ex *exchange) apply(dir direction, headers bool, resp *extprocv3.ProcessingResponse) (Outcome, bool) {
+func (ex *exchange) apply(dir direction, p part, resp *extprocv3.ProcessingResponse) (Outcome, bool) {
 	var common *extprocv3.CommonResponse
 	switch r := resp.GetResponse().(type) {
 	case *extprocv3.ProcessingResponse_ImmediateResponse:
@@ -494,22 +503,22 @@ func (ex *exchange) apply(dir direction, headers bool, resp *extprocv3.Processin
 		}
 		return Outcome{Status: code, Local: true, Marks: ex.marks}, true
 	case *extprocv3.ProcessingResponse_RequestHeaders:
-		if dir != dirRequest || !headers {
+		if dir != dirRequest || p != partHeaders {
 			return spurious(ex.marks), true
 		}
 		common = r.RequestHeaders.GetResponse()
 	case *extprocv3.ProcessingResponse_RequestBody:
-		if dir != dirRequest || headers {
+		if dir != dirRequest || p != partBody {
 			return spurious(ex.marks), true
 		}
 		common = r.RequestBody.GetResponse()
 	case *extprocv3.ProcessingResponse_ResponseHeaders:
-		if dir != dirResponse || !headers {
+		if dir != dirResponse || p != partHeaders {
 			return spurious(ex.marks), true
 		}
 		common = r.ResponseHeaders.GetResponse()
 	case *extprocv3.ProcessingResponse_ResponseBody:
-		if dir != dirResponse || headers {
+		if dir != dirResponse || p != partBody {
 			return spurious(ex.marks), true
 		}
 		common = r.ResponseBody.GetResponse()
@@ -520,7 +529,7 @@ func (ex *exchange) apply(dir direction, headers bool, resp *extprocv3.Processin
 	if err := ex.mutateHeaders(dir, common.GetHeaderMutation()); err != ErrNone {
 		return Outcome{Status: 500, Local: true, Error: err, Marks: ex.marks}, true
 	}
-	if headers {
+	if p == partHeaders {
 		if common.GetStatus() == extprocv3.CommonResponse_CONTINUE_AND_REPLACE {
 			// The body (replaced or not) is no longer sent to the server.
 			ex.setBodyMode(dir, filterv3.ProcessingMode_NONE)

@@ -93,14 +93,23 @@ func writePEM(t testing.TB, path, blockType string, der []byte) {
 	}
 }
 
+// ClientCerts says whether a TLS server asks its clients for a
+// certificate.
+type ClientCerts bool
+
+const (
+	AnyClient          ClientCerts = false // no certificate asked for
+	RequireClientCerts ClientCerts = true  // one signed by the test CA
+)
+
 // StartRedisTLS starts a redis-server that accepts only TLS on its port
-// (no plain-text port) and, with clientCerts, only clients presenting a
-// certificate signed by files.CAFile.
-func StartRedisTLS(t testing.TB, clientCerts bool) (*RedisServer, TLSFiles) {
+// (no plain-text port) and, with RequireClientCerts, only clients
+// presenting a certificate signed by files.CAFile.
+func StartRedisTLS(t testing.TB, clients ClientCerts) (*RedisServer, TLSFiles) {
 	t.Helper()
 	files := WriteTLSFiles(t)
 	authClients := "no"
-	if clientCerts {
+	if clients == RequireClientCerts {
 		authClients = "yes"
 	}
 	srv := startRedis(t, func(port int) []string {

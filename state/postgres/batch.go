@@ -99,11 +99,17 @@ type batcher struct {
 	rolledBack atomic.Uint64
 }
 
-// newBatcher starts a batcher; patient (tests) waits for full batches.
-func newBatcher(pool *pgxpool.Pool, opts BatchOptions, patient bool) *batcher {
+// newBatcher starts a batcher whose queue works by opts (queueOptions).
+func newBatcher(pool *pgxpool.Pool, opts batch.Options) *batcher {
 	b := &batcher{pool: pool}
-	b.q = batch.New(batch.Options{MaxItems: opts.MaxItems, MaxWait: opts.MaxWait, InFlight: opts.Conns, Patient: patient}, b.send)
+	b.q = batch.New(opts, b.send)
 	return b
+}
+
+// queueOptions are the batch queue's options for a store's BatchOptions.
+// Tests may make them Patient, to wait for full batches.
+func queueOptions(opts BatchOptions) batch.Options {
+	return batch.Options{MaxItems: opts.MaxItems, MaxWait: opts.MaxWait, InFlight: opts.Conns}
 }
 
 func (b *batcher) stats() BatchStats {

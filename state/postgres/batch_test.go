@@ -21,7 +21,9 @@ import (
 func patient(t *testing.T, s *Store, n int, wait time.Duration) {
 	t.Helper()
 	s.batch.close()
-	s.batch = newBatcher(s.pool, BatchOptions{MaxItems: n, MaxWait: wait, Conns: 1}, true)
+	opts := queueOptions(BatchOptions{MaxItems: n, MaxWait: wait, Conns: 1})
+	opts.Patient = true
+	s.batch = newBatcher(s.pool, opts)
 }
 
 type call struct {

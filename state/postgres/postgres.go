@@ -143,7 +143,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	}
 	s := &Store{pool: pool}
 	if !opts.Batch.Disabled {
-		s.batch = newBatcher(pool, opts.Batch, false)
+		s.batch = newBatcher(pool, queueOptions(opts.Batch))
 	}
 	return s, nil
 }

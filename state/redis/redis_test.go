@@ -236,15 +236,24 @@ func TestConformanceSentinel(t *testing.T) {
 	})
 }
 
-// tlsConfig trusts the test CA and, with a client certificate, presents it.
-func tlsConfig(t *testing.T, files testutil.TLSFiles, clientCert bool) *tls.Config {
+// clientCert says whether a client presents the test client certificate.
+type clientCert bool
+
+const (
+	noClientCert   clientCert = false
+	withClientCert clientCert = true
+)
+
+// tlsConfig trusts the test CA and, withClientCert, presents the client
+// certificate.
+func tlsConfig(t *testing.T, files testutil.TLSFiles, present clientCert) *tls.Config {
 	t.Helper()
 	pem, err := os.ReadFile(files.CAFile)
 	require.NoError(t, err)
 	roots := x509.NewCertPool()
 	require.True(t, roots.AppendCertsFromPEM(pem))
 	cfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
-	if clientCert {
+	if present == withClientCert {
 		cert, err := tls.LoadX509KeyPair(files.ClientCertFile, files.ClientKeyFile)
 		require.NoError(t, err)
 		cfg.Certificates = []tls.Certificate{cert}
@@ -253,9 +262,9 @@ func tlsConfig(t *testing.T, files testutil.TLSFiles, clientCert bool) *tls.Conf
 }
 
 func TestConformanceTLS(t *testing.T) {
-	srv, files := testutil.StartRedisTLS(t, true)
+	srv, files := testutil.StartRedisTLS(t, testutil.RequireClientCerts)
 	statetest.Run(t, func(t *testing.T) state.Store {
-		s, err := redis.New(redis.Options{Addrs: []string{srv.Addr}, TLS: tlsConfig(t, files, true)})
+		s, err := redis.New(redis.Options{Addrs: []string{srv.Addr}, TLS: tlsConfig(t, files, withClientCert)})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = s.Close() })
 		return s
@@ -266,12 +275,12 @@ func TestConformanceTLS(t *testing.T) {
 // one) a client without a certificate: each is an unavailable store, which
 // the tiered store and /readyz report, never a silent downgrade.
 func TestTLSIsRequiredAndVerified(t *testing.T) {
-	srv, files := testutil.StartRedisTLS(t, true)
+	srv, files := testutil.StartRedisTLS(t, testutil.RequireClientCerts)
 	for name, cfg := range map[string]*tls.Config{
 		"plain text":             nil,
 		"server not trusted":     {MinVersion: tls.VersionTLS12},
-		"no client certificate":  tlsConfig(t, files, false),
-		"trusted and identified": tlsConfig(t, files, true),
+		"no client certificate":  tlsConfig(t, files, noClientCert),
+		"trusted and identified": tlsConfig(t, files, withClientCert),
 	} {
 		t.Run(name, func(t *testing.T) {
 			s, err := redis.New(redis.Options{Addrs: []string{srv.Addr}, TLS: cfg, DialTimeout: time.Second})

@@ -33,34 +33,43 @@ func newBreaker(threshold int, coolDown time.Duration, now func() time.Time, onC
 	return &breaker{state: BreakerClosed, threshold: threshold, coolDown: coolDown, now: now, onChange: onChange}
 }
 
-// allow says whether a call may use Redis, and whether it is the probe.
-func (b *breaker) allow() (ok, probe bool) {
+// call is a call the breaker let through: an ordinary one, or the probe
+// at the end of a cool-down. Its outcome is reported with it.
+type call bool
+
+const (
+	ordinaryCall call = false
+	probeCall    call = true
+)
+
+// allow says whether a call may use Redis, and which call it is.
+func (b *breaker) allow() (ok bool, c call) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch b.state {
 	case BreakerClosed:
-		return true, false
+		return true, ordinaryCall
 	case BreakerOpen:
 		if b.now().Sub(b.openedAt) < b.coolDown {
-			return false, false
+			return false, ordinaryCall
 		}
 		b.set(BreakerHalfOpen)
 		b.probing = true
-		return true, true
+		return true, probeCall
 	default: // half open
 		if b.probing {
-			return false, false
+			return false, ordinaryCall
 		}
 		b.probing = true
-		return true, true
+		return true, probeCall
 	}
 }
 
-func (b *breaker) success(probe bool) {
+func (b *breaker) success(c call) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.failures = 0
-	if probe {
+	if c == probeCall {
 		b.probing = false
 	}
 	if b.state != BreakerClosed {
@@ -68,15 +77,22 @@ func (b *breaker) success(probe bool) {
 	}
 }
 
-// failure records a Redis failure. A timeout opens the breaker at once: a
-// hung Redis makes every call wait the full Redis timeout, so waiting for
+// failure records a fast Redis failure (connection refused). Fast failures
+// count towards the threshold, so one dropped connection does not send all
+// traffic to PostgreSQL.
+func (b *breaker) failure(c call) { b.fail(c, b.threshold) }
+
+// timeout records a Redis timeout, which opens the breaker at once: a hung
+// Redis makes every call wait the full Redis timeout, so waiting for
 // several of them would spend the request budgets of everyone in flight.
-// Fast failures (connection refused) count towards the threshold, so one
-// dropped connection does not send all traffic to PostgreSQL.
-func (b *breaker) failure(probe, timeout bool) {
+func (b *breaker) timeout(c call) { b.fail(c, 1) }
+
+// fail records a failed call; a closed breaker opens once threshold
+// failures in a row were recorded. A failed probe opens it again.
+func (b *breaker) fail(c call, threshold int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if probe {
+	if c == probeCall {
 		b.probing = false
 		b.openedAt = b.now()
 		b.set(BreakerOpen)
@@ -85,7 +101,7 @@ func (b *breaker) failure(probe, timeout bool) {
 	b.failures++
 	// Calls that started before the breaker opened may still fail late;
 	// only a closed breaker opens on them.
-	if b.state == BreakerClosed && (timeout || b.failures >= b.threshold) {
+	if b.state == BreakerClosed && b.failures >= threshold {
 		b.openedAt = b.now()
 		b.set(BreakerOpen)
 	}
@@ -93,8 +109,8 @@ func (b *breaker) failure(probe, timeout bool) {
 
 // abandon gives the probe back when a call ended for reasons that say
 // nothing about Redis (the caller's own deadline), so the next call probes.
-func (b *breaker) abandon(probe bool) {
-	if !probe {
+func (b *breaker) abandon(c call) {
+	if c != probeCall {
 		return
 	}
 	b.mu.Lock()

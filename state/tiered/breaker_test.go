@@ -16,18 +16,18 @@ func TestBreaker(t *testing.T) {
 	var changes []string
 	b := newBreaker(3, time.Second, clock.now, func(from, to string) { changes = append(changes, from+">"+to) })
 
-	ok, probe := b.allow()
+	ok, c := b.allow()
 	require.True(t, ok)
-	require.False(t, probe)
+	require.Equal(t, ordinaryCall, c)
 
 	// Fast failures open it only at the threshold, and a success resets the count.
-	b.failure(false, false)
-	b.failure(false, false)
-	b.success(false)
-	b.failure(false, false)
-	b.failure(false, false)
+	b.failure(ordinaryCall)
+	b.failure(ordinaryCall)
+	b.success(ordinaryCall)
+	b.failure(ordinaryCall)
+	b.failure(ordinaryCall)
 	require.Equal(t, BreakerClosed, b.current())
-	b.failure(false, false)
+	b.failure(ordinaryCall)
 	require.Equal(t, BreakerOpen, b.current())
 
 	// Open: nobody passes until the cool-down is over.
@@ -39,38 +39,38 @@ func TestBreaker(t *testing.T) {
 
 	// After it, exactly one probe passes.
 	clock.t = clock.t.Add(time.Millisecond)
-	ok, probe = b.allow()
+	ok, c = b.allow()
 	require.True(t, ok)
-	require.True(t, probe)
+	require.Equal(t, probeCall, c)
 	require.Equal(t, BreakerHalfOpen, b.current())
 	ok, _ = b.allow()
 	require.False(t, ok, "only one probe at a time")
 
 	// A failed probe opens it for another cool-down.
-	b.failure(true, false)
+	b.failure(probeCall)
 	require.Equal(t, BreakerOpen, b.current())
 	ok, _ = b.allow()
 	require.False(t, ok)
 
 	// An abandoned probe (caller's deadline) lets the next call probe.
 	clock.t = clock.t.Add(time.Second)
-	ok, probe = b.allow()
+	ok, c = b.allow()
 	require.True(t, ok)
-	require.True(t, probe)
-	b.abandon(true)
-	ok, probe = b.allow()
+	require.Equal(t, probeCall, c)
+	b.abandon(probeCall)
+	ok, c = b.allow()
 	require.True(t, ok)
-	require.True(t, probe)
+	require.Equal(t, probeCall, c)
 
 	// A successful probe closes it.
-	b.success(true)
+	b.success(probeCall)
 	require.Equal(t, BreakerClosed, b.current())
-	ok, probe = b.allow()
+	ok, c = b.allow()
 	require.True(t, ok)
-	require.False(t, probe)
+	require.Equal(t, ordinaryCall, c)
 
 	// One timeout opens it at once.
-	b.failure(false, true)
+	b.timeout(ordinaryCall)
 	require.Equal(t, BreakerOpen, b.current())
 
 	require.Equal(t, []string{

@@ -212,7 +212,7 @@ func isTimeout(err error) bool {
 // tryRedis runs fn against Redis under the breaker and RedisTimeout. It
 // reports whether fn ran and succeeded.
 func (s *Store) tryRedis(ctx context.Context, fn func(ctx context.Context) error) bool {
-	ok, probe := s.br.allow()
+	ok, c := s.br.allow()
 	if !ok {
 		s.skipped.Add(1)
 		s.fallback(FallbackBreakerOpen)
@@ -223,21 +223,21 @@ func (s *Store) tryRedis(ctx context.Context, fn func(ctx context.Context) error
 	s.calls.Add(1)
 	err := fn(rctx)
 	if err == nil {
-		s.br.success(probe)
+		s.br.success(c)
 		return true
 	}
 	if ctx.Err() != nil || errors.Is(err, state.ErrInvalidArgument) {
 		// The caller's own deadline or a bad argument: nothing learned
 		// about Redis.
-		s.br.abandon(probe)
+		s.br.abandon(c)
 		return false
 	}
 	s.failures.Add(1)
-	timeout := isTimeout(err)
-	s.br.failure(probe, timeout)
-	if timeout {
+	if isTimeout(err) {
+		s.br.timeout(c)
 		s.fallback(FallbackRedisTimeout)
 	} else {
+		s.br.failure(c)
 		s.fallback(FallbackRedisError)
 	}
 	s.log.Debug("redis call failed; using postgres", "error", err)

@@ -211,12 +211,8 @@ func reqHeaders(path string) *extprocv3.ProcessingRequest {
 	}}}
 }
 
-func body(b string, response bool) *extprocv3.ProcessingRequest {
-	hb := &extprocv3.HttpBody{Body: []byte(b), EndOfStream: true}
-	if response {
-		return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: hb}}
-	}
-	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: hb}}
+func reqBody(b string) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(b), EndOfStream: true}}}
 }
 
 func respHeaders(status string) *extprocv3.ProcessingRequest {
@@ -225,9 +221,13 @@ func respHeaders(status string) *extprocv3.ProcessingRequest {
 	}}}
 }
 
+func respBody(b string) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(b), EndOfStream: true}}}
+}
+
 func previewFingerprint(t *testing.T, conn *grpc.ClientConn) string {
 	t.Helper()
-	replies := stream(t, conn, reqHeaders("/v1/transfers/preview"), body(`{"amount":1}`, false), respHeaders("200"), body(`{"quote":1}`, true))
+	replies := stream(t, conn, reqHeaders("/v1/transfers/preview"), reqBody(`{"amount":1}`), respHeaders("200"), respBody(`{"quote":1}`))
 	require.Len(t, replies, 4)
 	var m map[string]any
 	require.NoError(t, json.Unmarshal(replies[3].GetResponseBody().GetResponse().GetBodyMutation().GetBody(), &m))
@@ -238,7 +238,7 @@ func previewFingerprint(t *testing.T, conn *grpc.ClientConn) string {
 // the reply that lets the request through.
 func confirm(t *testing.T, conn *grpc.ClientConn, fp string) *extprocv3.ProcessingResponse {
 	t.Helper()
-	replies := stream(t, conn, reqHeaders("/v1/transfers/confirm"), body(fmt.Sprintf(`{"amount":1,"fingerprint":%q}`, fp), false))
+	replies := stream(t, conn, reqHeaders("/v1/transfers/confirm"), reqBody(fmt.Sprintf(`{"amount":1,"fingerprint":%q}`, fp)))
 	require.Len(t, replies, 2)
 	return replies[1]
 }
@@ -349,7 +349,7 @@ func TestServeStartsWithPostgresDownAndBecomesReady(t *testing.T) {
 // The tiered store over a Redis that speaks only TLS and asks for a client
 // certificate: serve becomes ready and a confirm takes its fast path.
 func TestServeTieredOverRedisTLS(t *testing.T) {
-	redisSrv, files := testutil.StartRedisTLS(t, true)
+	redisSrv, files := testutil.StartRedisTLS(t, testutil.RequireClientCerts)
 	dsn := testutil.CreateDatabase(t)
 	path := writeConfig(t, fmt.Sprintf(`store:
   redis:

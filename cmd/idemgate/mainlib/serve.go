@@ -87,13 +87,27 @@ func run(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, stder
 		grpcLis.Close()
 		return fmt.Errorf("failed to listen on admin_listen %s: %w", cfg.AdminListen, err)
 	}
-	// One plain line, whatever the log format, for harnesses to wait on.
-	return runOnWith(ctx, cfg, logger, grpcLis, adminLis, func() { fmt.Fprintln(stderr, "ready") }, admin)
+	return runOn(ctx, cfg, logger, serving{
+		grpc: grpcLis, admin: adminLis, adminOpts: admin,
+		// One plain line, whatever the log format, for harnesses to wait on.
+		onReady: func() { fmt.Fprintln(stderr, "ready") },
+	})
 }
 
-// runOnWith serves a compiled config on listeners that are already open.
-// It closes both listeners and calls onReady once both are being served.
-func runOnWith(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, grpcLis, adminLis net.Listener, onReady func(), adminOpts adminOptions) error {
+// serving is what runOn serves a config on, besides the config itself.
+type serving struct {
+	// grpc and admin are the listeners, already open; runOn closes them.
+	grpc, admin net.Listener
+	// adminOpts is what the admin server serves besides the usual endpoints.
+	adminOpts adminOptions
+	// onReady is called once both listeners are being served.
+	onReady func()
+}
+
+// runOn serves a compiled config on on's listeners until ctx is cancelled,
+// then drains.
+func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on serving) error {
+	grpcLis, adminLis := on.grpc, on.admin
 	// Serve and Shutdown close them too; this covers the early returns.
 	defer grpcLis.Close()
 	defer adminLis.Close()
@@ -141,7 +155,7 @@ func runOnWith(ctx context.Context, cfg *settings.Settings, logger *slog.Logger,
 	go ready.watch(bg, ss, metrics, logger)
 	go sweep(bg, ss.store, logger)
 
-	admin := &http.Server{Handler: adminHandler(reg, hs, ready, ss.backend, adminOpts), ReadHeaderTimeout: 5 * time.Second}
+	admin := &http.Server{Handler: adminHandler(reg, hs, ready, ss.backend, on.adminOpts), ReadHeaderTimeout: 5 * time.Second}
 	errs := make(chan error, 2)
 	go func() {
 		if err := gs.Serve(grpcLis); err != nil {
@@ -155,7 +169,7 @@ func runOnWith(ctx context.Context, cfg *settings.Settings, logger *slog.Logger,
 	}()
 	logger.Info("idemgate serving", "version", Version, "grpc", grpcLis.Addr().String(), "admin", adminLis.Addr().String(),
 		"store", ss.backend, "operations", len(rt.Operations))
-	onReady()
+	on.onReady()
 
 	var serveErr error
 	select {

@@ -22,17 +22,25 @@ func (a *Agent) RawPost(target string, body map[string]any, extra ...string) (*R
 	if err != nil {
 		return nil, fmt.Errorf("failed to encode the body: %w", err)
 	}
-	return a.Raw(target, raw, false, extra...)
+	return a.Raw(target, raw, WithLength, extra...)
 }
 
-// Raw sends body (JSON) in one HTTP/1.1 POST over a fresh connection: with
-// a content-length, or chunked (no length: nobody knows the size before
-// the last chunk).
-func (a *Agent) Raw(target string, body []byte, chunked bool, extra ...string) (*Response, error) {
+// Framing is how Raw delimits the body.
+type Framing uint8
+
+const (
+	WithLength Framing = iota // a content-length
+	Chunked                   // chunked: nobody knows the size before the last chunk
+)
+
+// Raw sends body (JSON) in one HTTP/1.1 POST over a fresh connection,
+// framed as f says.
+func (a *Agent) Raw(target string, body []byte, f Framing, extra ...string) (*Response, error) {
 	ua := fmt.Sprintf("idemgate-e2e/%d", agentUserAgents.Add(1))
 	host := strings.TrimPrefix(a.base, "http://")
 	var req bytes.Buffer
 	fmt.Fprintf(&req, "POST %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: %s\r\nContent-Type: application/json\r\nConnection: close\r\n", target, host, ua)
+	chunked := f == Chunked
 	if chunked {
 		req.WriteString("Transfer-Encoding: chunked\r\n")
 	} else {

@@ -38,13 +38,22 @@ func RenderIdemgateConfig(c ReplicaConfig) ([]byte, error) {
 // NewSigningKey returns a fresh signing key as `idemgate keygen` prints it.
 func NewSigningKey() (string, error) { return newSigningKey() }
 
-// NewIdemgate returns an idemgate child process (not started) that serves
-// the config at configPath with signingKey and the PostgreSQL dsn in its
-// environment, as the shipped config reads them.
-func NewIdemgate(bin, configPath, signingKey, dsn, grpcAddr, adminAddr string) *Idemgate {
+// IdemgateSpec is an idemgate child process to run.
+type IdemgateSpec struct {
+	Bin        string
+	ConfigPath string // the config it serves
+	// SigningKey and DSN (PostgreSQL's) are put in its environment, as the
+	// shipped config reads them.
+	SigningKey, DSN string
+	// GRPCAddr and AdminAddr are where the config has it listen.
+	GRPCAddr, AdminAddr string
+}
+
+// NewIdemgate returns the idemgate child process of spec, not started.
+func NewIdemgate(spec IdemgateSpec) *Idemgate {
 	return &Idemgate{
-		bin: bin, configPath: configPath, env: childEnv(signingKey, dsn),
-		GRPCAddr: grpcAddr, AdminAddr: adminAddr, log: &logBuffer{},
+		bin: spec.Bin, configPath: spec.ConfigPath, env: childEnv(spec.SigningKey, spec.DSN),
+		GRPCAddr: spec.GRPCAddr, AdminAddr: spec.AdminAddr, log: &logBuffer{},
 	}
 }
 

@@ -190,7 +190,7 @@ func (u *Upstream) serveConfirm(w http.ResponseWriter, r *http.Request) {
 		hold.key = r.Header.Get(payments.IdempotencyKeyHeader)
 		close(hold.arrived)
 		a := <-hold.answer
-		u.record(idx, a.status, a.body, true)
+		u.record(idx, a.status, a.body, byHold)
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Content-Length", strconv.Itoa(len(a.body)))
 		w.WriteHeader(a.status)
@@ -198,16 +198,25 @@ func (u *Upstream) serveConfirm(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec := &recordingWriter{ResponseWriter: w, status: http.StatusOK}
-	defer func() { u.record(idx, rec.status, rec.body.Bytes(), false) }()
+	defer func() { u.record(idx, rec.status, rec.body.Bytes(), byPayments) }()
 	u.Payments.ServeHTTP(rec, r)
 }
 
-func (u *Upstream) record(idx, status int, body []byte, held bool) {
+// answerer is who answered a confirm at the upstream.
+type answerer bool
+
+const (
+	byPayments answerer = false
+	byHold     answerer = true // UpstreamConfirm.Held
+)
+
+// record keeps what confirm idx was answered, and by whom.
+func (u *Upstream) record(idx, status int, body []byte, by answerer) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.confirms[idx].Status = status
 	u.confirms[idx].Body = bytes.Clone(body)
-	u.confirms[idx].Held = held
+	u.confirms[idx].Held = by == byHold
 }
 
 // recordingWriter keeps a copy of what payments writes, and lets payments
