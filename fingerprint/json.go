@@ -68,6 +68,18 @@ type jsonParser struct {
 	data     []byte
 	pos      int
 	maxDepth int
+	// text is data as one string, made on first use: keys, plain strings
+	// and number literals are slices of it, so a body costs one copy
+	// instead of one allocation per member.
+	text string
+}
+
+// source returns data as a string, copying it once per parse.
+func (p *jsonParser) source() string {
+	if p.text == "" {
+		p.text = string(p.data)
+	}
+	return p.text
 }
 
 // DuplicateKeyError is ParseJSON's error for an object that holds one key
@@ -235,7 +247,7 @@ func (p *jsonParser) number() (any, error) {
 	if err := p.scanNumber(); err != nil {
 		return nil, err
 	}
-	return json.Number(p.data[start:p.pos]), nil
+	return json.Number(p.source()[start:p.pos]), nil
 }
 
 // scanNumber moves past a JSON number, checking its grammar, without
@@ -291,6 +303,19 @@ func (p *jsonParser) scanNumber() error {
 
 // string parses a JSON string starting at the opening quote.
 func (p *jsonParser) string() (string, error) {
+	// Printable ASCII without escapes (nearly every key and most values)
+	// is a slice of the body's text.
+	start := p.pos + 1
+	for i := start; i < len(p.data); i++ {
+		c := p.data[i]
+		if c == '"' {
+			p.pos = i + 1
+			return p.source()[start:i], nil
+		}
+		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
+			break
+		}
+	}
 	// Escaped or non-ASCII text is decoded into scratch, which stays on
 	// the stack: the string conversion is the only allocation.
 	var scratch [64]byte
