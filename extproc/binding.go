@@ -49,7 +49,9 @@ func (ex *exchange) bodyEncodingRefused() string {
 		return "Content-Encoding " + quoteHeader(enc) + ": send the body uncompressed, as JSON"
 	}
 	ct := strings.TrimSpace(ex.contentType)
-	if ct == "" {
+	if ct == "" || strings.EqualFold(ct, "application/json") {
+		// The usual spelling, decided without parsing it (the parser
+		// allocates a map per call).
 		return ""
 	}
 	mt, params, err := mime.ParseMediaType(ct)
