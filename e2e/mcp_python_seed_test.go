@@ -7,7 +7,6 @@ import (
 	"io"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,7 +26,7 @@ import (
 type pyAgent struct {
 	t      *testing.T
 	stdin  io.WriteCloser
-	stderr *syncBuffer
+	stderr *stack.LogBuffer
 
 	mu      sync.Mutex
 	nextID  int
@@ -42,6 +41,8 @@ type pyAnswer struct {
 	Result  *pySeen    `json:"result"`
 	Error   *pyError   `json:"error"`
 	Results []pyAnswer `json:"results"`
+	// Tools are what connect listed: each tool's input schema by name.
+	Tools map[string]map[string]any `json:"tools"`
 }
 
 type pyError struct {
@@ -55,26 +56,9 @@ func (a pyAnswer) String() string {
 	return string(raw)
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // startPyAgent starts the Python agent for user against the stack's /mcp,
-// speaking the SDK's latest protocol version (mode auto). Its stderr is
-// printed when the test fails.
+// speaking the SDK's latest protocol version (mode auto) unless a connect
+// says otherwise. Its stderr is printed when the test fails.
 func startPyAgent(t *testing.T, s *stack.Stack, user string) *pyAgent {
 	t.Helper()
 	py := mcpPython(t)
@@ -82,7 +66,7 @@ func startPyAgent(t *testing.T, s *stack.Stack, user string) *pyAgent {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	cmd := exec.CommandContext(ctx, py, filepath.Join("testdata", "mcp_python_agent.py"), s.URL()+payments.MCPPath, token, "auto")
-	a := &pyAgent{t: t, stderr: &syncBuffer{}, waiting: map[int]chan pyAnswer{}}
+	a := &pyAgent{t: t, stderr: &stack.LogBuffer{}, waiting: map[int]chan pyAnswer{}}
 	cmd.Stderr = a.stderr
 	cmd.WaitDelay = 5 * time.Second
 	a.stdin, err = cmd.StdinPipe()
@@ -177,8 +161,16 @@ func (a *pyAgent) do(cmd map[string]any) pyAnswer {
 // connect opens the agent's session name (tools/list included).
 func (a *pyAgent) connect(name string) {
 	a.t.Helper()
-	ans := a.do(map[string]any{"op": "connect", "session": name})
+	a.connectMode(name, "auto")
+}
+
+// connectMode is connect in the SDK's mode (auto, or legacy: initialize and
+// a session id); it returns the tools the SDK listed.
+func (a *pyAgent) connectMode(name, mode string) map[string]map[string]any {
+	a.t.Helper()
+	ans := a.do(map[string]any{"op": "connect", "session": name, "mode": mode})
 	require.Nil(a.t, ans.Error, "the python SDK could not connect: %s", ans)
+	return ans.Tools
 }
 
 // callAsync starts a tools/call on session name.

@@ -2,7 +2,7 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemgate/idemgate/e2e/demoauth"
 	"github.com/idemgate/idemgate/e2e/internal/stack"
 	"github.com/idemgate/idemgate/e2e/payments"
 )
@@ -66,7 +65,7 @@ func TestMCPPythonSDK(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e: needs services and the MCP Python SDK; skipped with -short")
 	}
-	py := mcpPython(t)
+	mcpPython(t) // the SDK installed (or the test failed) before the stacks start
 	for _, c := range []struct {
 		name, mode string
 		sse        bool
@@ -77,25 +76,23 @@ func TestMCPPythonSDK(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			s := startStack(t, stack.Options{})
 			s.Payments.SetMCPStreaming(c.sse)
-			token, err := demoauth.Mint("bob", time.Hour, time.Now())
-			require.NoError(t, err)
-			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, py, filepath.Join("testdata", "mcp_python_client.py"), s.URL()+payments.MCPPath, token, c.mode)
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			out, err := cmd.Output()
-			require.NoError(t, err, "python agent failed:\n%s", stderr.String())
-
+			a := startPyAgent(t, s, "bob")
+			tools := a.connectMode("main", c.mode)
+			args := map[string]any{"amount": "42.00", "currency": "EUR", "payee": map[string]any{"account_id": "acct_py"}, "memo": "books"}
 			var seen struct {
-				Tools   map[string]map[string]any `json:"tools"`
-				Preview pySeen                    `json:"preview"`
-				Confirm pySeen                    `json:"confirm"`
-				Retry   pySeen                    `json:"retry"`
-				Drift   pySeen                    `json:"drift"`
-				Status  pySeen                    `json:"status"`
+				Tools                                  map[string]map[string]any
+				Preview, Confirm, Retry, Drift, Status pySeen
 			}
-			require.NoError(t, json.Unmarshal(out, &seen), string(out))
+			seen.Tools = tools
+			seen.Preview = *a.result(a.call("main", payments.MCPPreviewTool, args))
+			args["fingerprint"] = seen.Preview.Structured["fingerprint"]
+			seen.Confirm = *a.result(a.call("main", payments.MCPConfirmTool, args))
+			args["memo"] = "books, again"
+			seen.Retry = *a.result(a.call("main", payments.MCPConfirmTool, args))
+			drifted := maps.Clone(args)
+			drifted["amount"] = "4200.00"
+			seen.Drift = *a.result(a.call("main", payments.MCPConfirmTool, drifted))
+			seen.Status = *a.result(a.call("main", "transfer_status", map[string]any{"fingerprint": args["fingerprint"]}))
 
 			require.Contains(t, seen.Tools, "transfer_status")
 			confirmSchema := seen.Tools[payments.MCPConfirmTool]

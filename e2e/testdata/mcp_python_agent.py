@@ -1,11 +1,15 @@
-"""An MCP agent on the official Python SDK (PyPI `mcp`), driven line by line:
-the e2e tests of mcp_python_seed_test.go inject faults between its calls.
+"""An MCP agent on the official Python SDK (PyPI `mcp`) that knows nothing of
+idemgate, driven line by line: TestMCPPythonSDK walks it through a preview,
+confirm, retry, drift and status; the tests of mcp_python_seed_test.go inject
+faults between its calls.
 
 It reads one JSON command a line on stdin and answers each with one JSON line
 on stdout carrying the command's id; commands run concurrently, so answers
 may come in any order.
 
-  {"id":1,"op":"connect","session":"a"}          open a session (lists the tools)
+  {"id":1,"op":"connect","session":"a"}          open a session: answers the tools it
+                                                 listed, {"tools":{name: input schema}}
+                                                 (optional "mode": auto | legacy)
   {"id":2,"op":"call","session":"a","tool":T,"args":{...}}
   {"id":3,"op":"parallel","session":"a","n":100,"tool":T,"args":{...}}
   {"id":4,"op":"close","session":"a"}
@@ -58,6 +62,7 @@ class Session:
     def __init__(self, url, token, mode):
         self.url, self.token, self.mode = url, token, mode
         self.client = None
+        self.tools = {}
         self.error = None
         self.ready = asyncio.Event()
         self.dead = asyncio.Event()
@@ -71,7 +76,8 @@ class Session:
                 transport = streamable_http_client(self.url, http_client=http)
                 # cache=None: every call reaches the server.
                 async with Client(transport, mode=self.mode, cache=None) as client:
-                    await client.list_tools()
+                    listed = await client.list_tools()
+                    self.tools = {t.name: t.input_schema for t in listed.tools}
                     self.client = client
                     self.ready.set()
                     await self.stop.wait()
@@ -107,7 +113,7 @@ async def handle(cmd, sessions, url, token, mode):
         s = Session(url, token, cmd.get("mode", mode))
         sessions[name] = s
         await s.ready.wait()
-        return {"error": s.error} if s.client is None else {"connected": name}
+        return {"error": s.error} if s.client is None else {"connected": name, "tools": s.tools}
     s = sessions.get(name)
     if s is None:
         return {"error": {"type": "NoSession", "message": f"no session {name!r}"}}

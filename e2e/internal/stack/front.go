@@ -16,7 +16,7 @@ import (
 // kernel), Admin, Stat, Kill and Stop come from envoytest.Envoy.
 type Envoy struct {
 	*envoytest.Envoy
-	log *logBuffer
+	log *LogBuffer
 }
 
 // accessLogFlush is --file-flush-interval-msec. The stdout access log is
@@ -31,7 +31,7 @@ const accessLogFlush = 20 * time.Millisecond
 // envoytest.Start reads the bound ports back. Two worker threads are enough
 // for any test.
 func startEnvoy(t testing.TB, bin string, bootstrap []byte) (*Envoy, error) {
-	f := &Envoy{log: &logBuffer{}}
+	f := &Envoy{log: &LogBuffer{}}
 	// stdout carries the access log (the shipped stdout access logger),
 	// stderr Envoy's own log; both go into the dump of a failed test.
 	e, err := envoytest.Start(context.Background(), envoytest.Options{

@@ -155,7 +155,7 @@ type Idemgate struct {
 	// GRPCAddr and AdminAddr are fixed for the stack's lifetime.
 	GRPCAddr, AdminAddr string
 
-	log *logBuffer
+	log *LogBuffer
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd

@@ -6,27 +6,27 @@ import (
 	"sync"
 )
 
-// logBuffer collects a child process's output for assertions and for the
+// LogBuffer collects a child process's output for assertions and for the
 // dump on failure. Writes may come from several goroutines.
-type logBuffer struct {
+type LogBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *logBuffer) Write(p []byte) (int, error) {
+func (b *LogBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *logBuffer) String() string {
+func (b *LogBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
 
 // Lines returns the complete lines that contain every one of parts.
-func (b *logBuffer) Lines(parts ...string) []string {
+func (b *LogBuffer) Lines(parts ...string) []string {
 	var out []string
 	for _, line := range strings.Split(b.String(), "\n") {
 		match := true

@@ -53,7 +53,7 @@ type IdemgateSpec struct {
 func NewIdemgate(spec IdemgateSpec) *Idemgate {
 	return &Idemgate{
 		bin: spec.Bin, configPath: spec.ConfigPath, env: childEnv(spec.SigningKey, spec.DSN),
-		GRPCAddr: spec.GRPCAddr, AdminAddr: spec.AdminAddr, log: &logBuffer{},
+		GRPCAddr: spec.GRPCAddr, AdminAddr: spec.AdminAddr, log: &LogBuffer{},
 	}
 }
 

@@ -138,7 +138,7 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		env:        childEnv(key, idemgateDSN),
 		GRPCAddr:   freeAddr(t),
 		AdminAddr:  freeAddr(t),
-		log:        &logBuffer{},
+		log:        &LogBuffer{},
 	}
 	cfg, err := idemgateConfig{
 		grpcAddr: g.GRPCAddr, adminAddr: g.AdminAddr, redisAddr: s.Redis.Addr,
