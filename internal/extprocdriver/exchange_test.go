@@ -125,13 +125,10 @@ func newScripted(script func(i int, req *extprocv3.ProcessingRequest) action) *s
 func startScripted(t *testing.T, script func(i int, req *extprocv3.ProcessingRequest) action) (*scriptedServer, string) {
 	t.Helper()
 	srv := newScripted(script)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, stop, err := ServeLoopback(srv)
 	require.NoError(t, err)
-	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, srv)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	return srv, lis.Addr().String()
+	t.Cleanup(stop)
+	return srv, addr
 }
 
 func hv(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }

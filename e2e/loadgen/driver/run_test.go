@@ -1,7 +1,6 @@
 package driver
 
 import (
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -10,7 +9,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
 
 	"github.com/idemgate/idemgate/internal/extprocdriver"
@@ -52,13 +50,10 @@ func (s *server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 func start(t *testing.T, reply func(i int, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse, conns int) (*server, *extprocdriver.Conns) {
 	t.Helper()
 	srv := &server{reply: reply, peers: map[string]bool{}}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, stop, err := extprocdriver.ServeLoopback(srv)
 	require.NoError(t, err)
-	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, srv)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	c, err := extprocdriver.Dial(t.Context(), lis.Addr().String(), conns)
+	t.Cleanup(stop)
+	c, err := extprocdriver.Dial(t.Context(), addr, conns)
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	return srv, c

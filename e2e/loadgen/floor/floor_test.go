@@ -1,7 +1,6 @@
 package floor
 
 import (
-	"net"
 	"strings"
 	"testing"
 
@@ -10,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 
 	"github.com/idemgate/idemgate/internal/testutil"
 
@@ -19,13 +17,10 @@ import (
 
 func serve(t *testing.T, srv extprocv3.ExternalProcessorServer) *extprocdriver.Conns {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, stop, err := extprocdriver.ServeLoopback(srv)
 	require.NoError(t, err)
-	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, srv)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	conns, err := extprocdriver.Dial(t.Context(), lis.Addr().String(), 1)
+	t.Cleanup(stop)
+	conns, err := extprocdriver.Dial(t.Context(), addr, 1)
 	require.NoError(t, err)
 	t.Cleanup(conns.Close)
 	return conns
