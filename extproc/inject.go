@@ -13,18 +13,13 @@ type field struct {
 	value string
 }
 
-// injectFields sets fields (as JSON strings) at the top level of the JSON
+// injectFieldsInto sets fields (as JSON strings) at the top level of the JSON
 // object in body, replacing members of the same names wherever they are,
 // and keeps every other byte of the object as the upstream wrote it. The
 // body is validated once (json.Valid, no values built) and scanned once at
 // the top level; nested values are skipped, never decoded. ok is false when
-// body is not a single valid JSON object.
-func injectFields(body []byte, fields ...field) (out []byte, ok bool) {
-	return injectFieldsInto(nil, body, fields...)
-}
-
-// injectFieldsInto is injectFields writing the result into dst's memory
-// when it is large enough (a pooled buffer).
+// body is not a single valid JSON object. The result is written into dst's
+// memory when it is large enough (a pooled buffer).
 func injectFieldsInto(dst, body []byte, fields ...field) (out []byte, ok bool) {
 	if !json.Valid(body) {
 		return nil, false

@@ -30,7 +30,7 @@ func TestInjectFields(t *testing.T) {
 		{name: "empty", body: ``},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, ok := injectFields([]byte(tc.body), fp...)
+			out, ok := injectFieldsInto(nil, []byte(tc.body), fp...)
 			require.Equal(t, tc.ok, ok)
 			if !ok {
 				return
@@ -48,7 +48,7 @@ func FuzzInjectFields(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		out, ok := injectFields(body, field{"fingerprint", "v"}, field{"fingerprint_expires_at", "e"})
+		out, ok := injectFieldsInto(nil, body, field{"fingerprint", "v"}, field{"fingerprint_expires_at", "e"})
 		if !ok {
 			return
 		}
