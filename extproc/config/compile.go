@@ -190,6 +190,7 @@ func (c *compiler) compile(f *File) *Runtime {
 	rt.Webhook = c.webhook(f.Security.Webhook)
 	rt.Operations, rt.Routes = c.operations(f.Operations, rt)
 	rt.MCPEndpoints = c.mcpEndpoints(rt.Operations, rt.Routes)
+	rt.Guard = c.guard(rt)
 	if c.languageOK {
 		set, err := envelope.Compile(rt.Language, nil, envelope.Operation{MaxBodyBytes: rt.Limits.MaxBodyBytes})
 		if err != nil {

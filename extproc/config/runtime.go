@@ -28,6 +28,9 @@ type Runtime struct {
 	// MCPEndpoints holds the MCP endpoints of MCP operations by path (nil
 	// when no operation is MCP).
 	MCPEndpoints map[string]*MCPEndpoint
+	// Guard tells the exact spelling and method of a guarded path from
+	// every other (GuardedPaths).
+	Guard *route.Guard
 	// Envelopes renders answers given before any operation is known (for
 	// example a recovered panic at request headers).
 	Envelopes *envelope.Set
