@@ -1,0 +1,311 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
+
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
+	"github.com/idemgate/idemgate/e2e/demoauth"
+	"github.com/idemgate/idemgate/e2e/internal/stack"
+	"github.com/idemgate/idemgate/envoy/pieces"
+	"github.com/idemgate/idemgate/extproc/config"
+	"github.com/idemgate/idemgate/extproc/route"
+	"github.com/idemgate/idemgate/internal/testutil"
+)
+
+// lenientUpstream is the kind of API a user attaches idemgate to: its
+// router accepts any method, any case, a trailing slash, ;params, a .json
+// suffix, percent-encoding and dot segments for the same handler (Express
+// defaults, older Spring, hand-written routers). It counts every confirm it
+// executes, and those that came without an Idempotency-Key: idemgate sets
+// the key on every confirm it checked, so those reached it unchecked.
+type lenientUpstream struct {
+	mu        sync.Mutex
+	executed  int
+	unchecked []string
+}
+
+func (u *lenientUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	target := r.RequestURI
+	// route.Loose is the most lenient reading idemgate knows of.
+	p := route.Loose(target)
+	w.Header().Set("content-type", "application/json")
+	switch {
+	case p == "/v1/transfers/preview":
+		_, _ = io.WriteString(w, `{"quote":{"fee":"0.50"},"amount":"100.00","currency":"EUR"}`)
+	case p == "/v1/transfers/confirm" || p == "/mcp" && bytes.Contains(body, []byte("transfer_confirm")):
+		u.mu.Lock()
+		u.executed++
+		n := u.executed
+		if r.Header.Get("Idempotency-Key") == "" {
+			u.unchecked = append(u.unchecked, r.Method+" "+target)
+		}
+		u.mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"transfer_id":"tr_%d","state":"executed"}`, n)
+	default:
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}
+}
+
+func (u *lenientUpstream) counts() (int, []string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.executed, append([]string(nil), u.unchecked...)
+}
+
+// userBootstrap is an Envoy bootstrap written the way Envoy's docs show one,
+// NOT envoy/envoy.yaml: one listener, no path normalisation, jwt_authn, a
+// catch-all route to the upstream, and the pieces of `idemgate envoy-config`
+// pasted where their comments say.
+func userBootstrap(t *testing.T, p map[string]any, upstreamAddr string) []byte {
+	t.Helper()
+	host, port, err := net.SplitHostPort(upstreamAddr)
+	require.NoError(t, err)
+	var jwks any
+	require.NoError(t, json.Unmarshal(demoauth.JWKS(), &jwks))
+	jwksJSON, err := json.Marshal(jwks)
+	require.NoError(t, err)
+	filters := []any{}
+	filters = append(filters, p["http_filters_before_authentication"].([]any)...)
+	filters = append(filters, map[string]any{
+		"name": "envoy.filters.http.jwt_authn",
+		"typed_config": map[string]any{
+			"@type": "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
+			"providers": map[string]any{"corp": map[string]any{
+				"issuer": demoauth.Issuer, "audiences": []any{demoauth.Audience},
+				"local_jwks":       map[string]any{"inline_string": string(jwksJSON)},
+				"claim_to_headers": []any{map[string]any{"header_name": "x-idemgate-subject", "claim_name": "sub"}},
+			}},
+			"rules": []any{map[string]any{"match": map[string]any{"prefix": "/"}, "requires": map[string]any{"provider_name": "corp"}}},
+		},
+	})
+	filters = append(filters, p["http_filters"].([]any)...)
+	filters = append(filters, map[string]any{"name": "envoy.filters.http.router",
+		"typed_config": map[string]any{"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}})
+	routes := append([]any{}, p["routes"].([]any)...)
+	routes = append(routes, map[string]any{"match": map[string]any{"prefix": "/"}, "route": map[string]any{"cluster": "payments", "timeout": "15s"}})
+	bs := map[string]any{
+		"admin": map[string]any{"address": map[string]any{"socket_address": map[string]any{"address": "127.0.0.1", "port_value": 0}}},
+		"static_resources": map[string]any{
+			"listeners": []any{map[string]any{
+				"name":    "ingress",
+				"address": map[string]any{"socket_address": map[string]any{"address": "127.0.0.1", "port_value": 0}},
+				"filter_chains": []any{map[string]any{"filters": []any{map[string]any{
+					"name": "envoy.filters.network.http_connection_manager",
+					"typed_config": map[string]any{
+						"@type":              "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+						"stat_prefix":        "ingress",
+						"route_config":       map[string]any{"virtual_hosts": []any{map[string]any{"name": "api", "domains": []any{"*"}, "routes": routes}}},
+						"http_filters":       filters,
+						"local_reply_config": p["local_reply_config"],
+					},
+				}}}},
+			}},
+			"clusters": append(append([]any{}, p["clusters"].([]any)...), map[string]any{
+				"name": "payments", "type": "STATIC", "connect_timeout": "1s",
+				"load_assignment": map[string]any{"cluster_name": "payments", "endpoints": []any{map[string]any{"lb_endpoints": []any{
+					map[string]any{"endpoint": map[string]any{"address": map[string]any{"socket_address": map[string]any{"address": host, "port_value": port}}}},
+				}}}},
+			}),
+		},
+	}
+	out, err := json.Marshal(bs)
+	require.NoError(t, err)
+	return out
+}
+
+// rawRequest sends one HTTP/1.1 request with target written byte for byte
+// (no client cleans or re-encodes it) and returns the response.
+func rawRequest(t *testing.T, addr, method, target, token string, body []byte) (int, http.Header, []byte) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	require.NoError(t, err)
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: api.example\r\nAuthorization: Bearer %s\r\nConnection: close\r\n", method, target, token)
+	if body != nil {
+		fmt.Fprintf(&b, "Content-Type: application/json\r\nContent-Length: %d\r\n", len(body))
+	}
+	b.WriteString("\r\n")
+	_, err = io.WriteString(c, b.String()+string(body))
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: method})
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	rb, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, rb
+}
+
+// TestAttachedAsTheREADMESaysNothingBypassesIdemgate pastes the pieces of
+// `idemgate envoy-config` into a bootstrap of the user's (with a catch-all
+// route and a lenient upstream) and sends every spelling and method of the
+// guarded paths: each is refused before the upstream or checked by
+// idemgate. The upstream never executes a confirm without the key idemgate
+// sets after a fingerprint was checked and claimed.
+func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
+	requireEnv(t)
+	dir := t.TempDir()
+
+	grpcAddr, adminAddr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	raw, err := stack.RenderIdemgateConfig(stack.ReplicaConfig{GRPCAddr: grpcAddr, AdminAddr: adminAddr, RedisAddr: "127.0.0.1:1"})
+	require.NoError(t, err)
+	doc := map[string]any{}
+	require.NoError(t, yaml.Unmarshal(raw, &doc))
+	delete(doc, "store") // the embedded store: this test is about routing, not storage
+	raw, err = yaml.Marshal(doc)
+	require.NoError(t, err)
+	cfgPath := filepath.Join(dir, "idemgate.yaml")
+	require.NoError(t, os.WriteFile(cfgPath, raw, 0o600))
+
+	key, err := stack.NewSigningKey()
+	require.NoError(t, err)
+	g := stack.NewIdemgate(stack.IdemgateSpec{Bin: env.IdemgateBin, ConfigPath: cfgPath, SigningKey: key, GRPCAddr: grpcAddr, AdminAddr: adminAddr})
+	require.NoError(t, g.Start())
+	t.Cleanup(g.Stop)
+
+	up := &lenientUpstream{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: up, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	// The pieces, exactly as `idemgate envoy-config` prints them.
+	s, _, err := settings.Load(cfgPath, config.Options{Offline: true})
+	require.NoError(t, err)
+	out, err := pieces.Render(s.Runtime, pieces.Options{ConfigPath: cfgPath, IdemgateAddress: grpcAddr, UpstreamCluster: "payments"})
+	require.NoError(t, err)
+	p := map[string]any{}
+	require.NoError(t, yaml.Unmarshal(out, &p))
+	e, err := stack.StartEnvoy(t, env.EnvoyBin, userBootstrap(t, p, ln.Addr().String()))
+	require.NoError(t, err, "Envoy refused the pieces pasted into the user's bootstrap")
+	t.Cleanup(e.Close)
+	front := e.ListenAddr
+
+	token, err := demoauth.Mint("alice", time.Hour, time.Now())
+	require.NoError(t, err)
+	transfer := []byte(`{"amount":"100.00","currency":"EUR","payee":{"account_id":"DE89"},"memo":"rent"}`)
+	mcpConfirm := []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"transfer_confirm","arguments":{"amount":"100.00","currency":"EUR","payee":{"account_id":"DE89"}}}}`)
+
+	type probe struct{ method, target string }
+	var probes []probe
+	for _, path := range []string{"/v1/transfers/confirm", "/mcp"} {
+		last := path[strings.LastIndex(path, "/")+1:]
+		base := path[:strings.LastIndex(path, "/")+1]
+		for _, spelled := range []string{
+			path + "/", strings.ToUpper(path), base + strings.ToUpper(last[:1]) + last[1:], path + ";x=1", path + ".json",
+			base + "%" + fmt.Sprintf("%02X", last[0]) + last[1:], "/" + path, base + "/" + last, base + "./" + last,
+			base + "x/../" + last, path + "%2F", path + "/.",
+		} {
+			probes = append(probes, probe{"POST", spelled})
+		}
+		for _, m := range []string{"PUT", "PATCH", "GET", "DELETE", "HEAD", "OPTIONS"} {
+			probes = append(probes, probe{m, path})
+		}
+	}
+	for _, pr := range probes {
+		body := transfer
+		if strings.Contains(strings.ToLower(pr.target), "mcp") || strings.Contains(pr.target, "%6D") {
+			body = mcpConfirm
+		}
+		if pr.method == "HEAD" {
+			body = nil
+		}
+		status, hdr, rb := rawRequest(t, front, pr.method, pr.target, token, body)
+		executed, unchecked := up.counts()
+		require.Empty(t, unchecked, "%s %s reached the upstream unchecked (status %d: %s)", pr.method, pr.target, status, rb)
+		require.Zero(t, executed, "%s %s executed", pr.method, pr.target)
+		if pr.method == "HEAD" {
+			require.Equal(t, 405, status, "%s %s", pr.method, pr.target)
+			continue
+		}
+		require.Contains(t, []int{400, 404, 405}, status, "%s %s: %s", pr.method, pr.target, rb)
+		require.Equal(t, "application/json", hdr.Get("Content-Type"), "%s %s: %s", pr.method, pr.target, rb)
+		var envl map[string]any
+		require.NoError(t, json.Unmarshal(rb, &envl), "%s %s: %s", pr.method, pr.target, rb)
+		require.Contains(t, []any{"path_not_exact", "method_not_allowed", "fingerprint_required", "invalid_json"}, envl["status"], "%s %s: %s", pr.method, pr.target, rb)
+		require.Equal(t, false, envl["retryable"])
+	}
+
+	// The exact spelling works, once: preview, confirm, replay.
+	status, _, rb := rawRequest(t, front, "POST", "/v1/transfers/preview", token, transfer)
+	require.Equal(t, 200, status, string(rb))
+	var pv map[string]any
+	require.NoError(t, json.Unmarshal(rb, &pv))
+	fp, _ := pv["fingerprint"].(string)
+	require.NotEmpty(t, fp, string(rb))
+	confirm := []byte(strings.Replace(string(transfer), `"memo":"rent"`, `"memo":"rent","fingerprint":"`+fp+`"`, 1))
+	status, _, rb = rawRequest(t, front, "POST", "/v1/transfers/confirm", token, confirm)
+	require.Equal(t, 201, status, string(rb))
+	status, hdr, _ := rawRequest(t, front, "POST", "/v1/transfers/confirm", token, confirm)
+	require.Equal(t, 201, status)
+	require.Equal(t, "true", hdr.Get("Idempotent-Replayed"))
+	executed, unchecked := up.counts()
+	require.Equal(t, 1, executed)
+	require.Empty(t, unchecked)
+
+	// Other paths open no ext_proc stream at all.
+	before, err := e.Stat("cluster.idemgate.upstream_rq_total")
+	require.NoError(t, err)
+	for _, path := range []string{"/v1/accounts", "/healthz", "/v1/transfers", "/static/app.js?q=a%20b"} {
+		status, _, _ := rawRequest(t, front, "POST", path, token, []byte(`{}`))
+		require.Equal(t, 200, status, path)
+	}
+	after, err := e.Stat("cluster.idemgate.upstream_rq_total")
+	require.NoError(t, err)
+	require.Equal(t, before, after, "a request that cannot name a guarded path opened an ext_proc stream")
+
+	// An oversize confirm sent chunked gets Envoy's 413, as an envelope.
+	big := bytes.Repeat([]byte("x"), 2<<20)
+	status, hdr, rb = rawChunked(t, front, "/v1/transfers/confirm", token, big)
+	require.Equal(t, 413, status)
+	require.Equal(t, "application/json", hdr.Get("Content-Type"), string(rb))
+	var tooLarge map[string]any
+	require.NoError(t, json.Unmarshal(rb, &tooLarge), string(rb))
+	require.Equal(t, "request_too_large", tooLarge["status"])
+	require.Equal(t, false, tooLarge["retryable"])
+	require.NotEmpty(t, tooLarge["trace_id"])
+}
+
+// rawChunked sends a POST with a chunked body (no Content-Length: Envoy
+// finds it too large only while buffering).
+func rawChunked(t *testing.T, addr, target, token string, body []byte) (int, http.Header, []byte) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	require.NoError(t, err)
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	go func() {
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: api.example\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n", target, token)
+		for len(body) > 0 {
+			n := min(len(body), 64<<10)
+			if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", n, body[:n]); err != nil {
+				return
+			}
+			body = body[n:]
+		}
+		_, _ = io.WriteString(c, "0\r\n\r\n")
+	}()
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: "POST"})
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	rb, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, rb
+}
