@@ -18,14 +18,14 @@ import (
 // times. Envoy strips them from external clients; idemgate refuses them
 // where they reach it.
 var retryControlHeaders = map[string]bool{
-	"x-envoy-retry-on":                        true,
-	"x-envoy-retry-grpc-on":                   true,
-	"x-envoy-max-retries":                     true,
-	"x-envoy-retriable-status-codes":          true,
-	"x-envoy-retriable-header-names":          true,
-	"x-envoy-hedge-on-per-try-timeout":        true,
-	"x-envoy-upstream-rq-timeout-ms":          true,
-	"x-envoy-upstream-rq-per-try-timeout-ms":  true,
+	"x-envoy-retry-on":                         true,
+	"x-envoy-retry-grpc-on":                    true,
+	"x-envoy-max-retries":                      true,
+	"x-envoy-retriable-status-codes":           true,
+	"x-envoy-retriable-header-names":           true,
+	"x-envoy-hedge-on-per-try-timeout":         true,
+	"x-envoy-upstream-rq-timeout-ms":           true,
+	"x-envoy-upstream-rq-per-try-timeout-ms":   true,
 	"x-envoy-upstream-rq-timeout-alt-response": true,
 }
 
@@ -86,4 +86,3 @@ func (ex *exchange) refusalEvent(req *extprocv3.ProcessingRequest, h *extprocv3.
 	ex.traceSecurity(reason)
 	ex.srv.security.Report(ex.ctx, e)
 }
-

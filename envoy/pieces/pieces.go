@@ -251,7 +251,7 @@ type view struct {
 func yamlString(s string) string { return strconv.Quote(s) }
 
 var piecesTemplate = template.Must(template.New("pieces").Funcs(template.FuncMap{
-	"q":        yamlString,
-	"seconds":  func(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s" },
-	"millis":   func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" },
+	"q":       yamlString,
+	"seconds": func(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s" },
+	"millis":  func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" },
 }).Parse(piecesText))
