@@ -21,6 +21,7 @@ import (
 	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/e2e/demoauth"
 	"github.com/idemgate/idemgate/e2e/internal/stack"
+	"github.com/idemgate/idemgate/envoy/envoytest"
 	"github.com/idemgate/idemgate/envoy/pieces"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/route"
@@ -69,21 +70,15 @@ func (u *lenientUpstream) counts() (int, []string) {
 	return u.executed, append([]string(nil), u.unchecked...)
 }
 
-// userBootstrap is an Envoy bootstrap written the way Envoy's docs show one,
-// NOT envoy/envoy.yaml: one listener, no path normalisation, jwt_authn, a
-// catch-all route to the upstream, and the pieces of `idemgate envoy-config`
-// pasted where their comments say.
-func userBootstrap(t *testing.T, p map[string]any, upstreamAddr string) []byte {
+// userAuth is the user's authentication as Envoy's docs show it: jwt_authn
+// on every path, setting the subject header idemgate reads.
+func userAuth(t *testing.T) []any {
 	t.Helper()
-	host, port, err := net.SplitHostPort(upstreamAddr)
-	require.NoError(t, err)
 	var jwks any
 	require.NoError(t, json.Unmarshal(demoauth.JWKS(), &jwks))
 	jwksJSON, err := json.Marshal(jwks)
 	require.NoError(t, err)
-	filters := []any{}
-	filters = append(filters, p["http_filters_before_authentication"].([]any)...)
-	filters = append(filters, map[string]any{
+	return []any{map[string]any{
 		"name": "envoy.filters.http.jwt_authn",
 		"typed_config": map[string]any{
 			"@type": "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
@@ -94,40 +89,7 @@ func userBootstrap(t *testing.T, p map[string]any, upstreamAddr string) []byte {
 			}},
 			"rules": []any{map[string]any{"match": map[string]any{"prefix": "/"}, "requires": map[string]any{"provider_name": "corp"}}},
 		},
-	})
-	filters = append(filters, p["http_filters"].([]any)...)
-	filters = append(filters, map[string]any{"name": "envoy.filters.http.router",
-		"typed_config": map[string]any{"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}})
-	routes := append([]any{}, p["routes"].([]any)...)
-	routes = append(routes, map[string]any{"match": map[string]any{"prefix": "/"}, "route": map[string]any{"cluster": "payments", "timeout": "15s"}})
-	bs := map[string]any{
-		"admin": map[string]any{"address": map[string]any{"socket_address": map[string]any{"address": "127.0.0.1", "port_value": 0}}},
-		"static_resources": map[string]any{
-			"listeners": []any{map[string]any{
-				"name":    "ingress",
-				"address": map[string]any{"socket_address": map[string]any{"address": "127.0.0.1", "port_value": 0}},
-				"filter_chains": []any{map[string]any{"filters": []any{map[string]any{
-					"name": "envoy.filters.network.http_connection_manager",
-					"typed_config": map[string]any{
-						"@type":              "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-						"stat_prefix":        "ingress",
-						"route_config":       map[string]any{"virtual_hosts": []any{map[string]any{"name": "api", "domains": []any{"*"}, "routes": routes}}},
-						"http_filters":       filters,
-						"local_reply_config": p["local_reply_config"],
-					},
-				}}}},
-			}},
-			"clusters": append(append([]any{}, p["clusters"].([]any)...), map[string]any{
-				"name": "payments", "type": "STATIC", "connect_timeout": "1s",
-				"load_assignment": map[string]any{"cluster_name": "payments", "endpoints": []any{map[string]any{"lb_endpoints": []any{
-					map[string]any{"endpoint": map[string]any{"address": map[string]any{"socket_address": map[string]any{"address": host, "port_value": port}}}},
-				}}}},
-			}),
-		},
-	}
-	out, err := json.Marshal(bs)
-	require.NoError(t, err)
-	return out
+	}}
 }
 
 // rawRequest sends one HTTP/1.1 request with target written byte for byte
@@ -192,9 +154,11 @@ func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
 	require.NoError(t, err)
 	out, err := pieces.Render(s.Runtime, pieces.Options{ConfigPath: cfgPath, IdemgateAddress: grpcAddr, UpstreamCluster: "payments"})
 	require.NoError(t, err)
-	p := map[string]any{}
-	require.NoError(t, yaml.Unmarshal(out, &p))
-	e, err := stack.StartEnvoy(t, env.EnvoyBin, userBootstrap(t, p, ln.Addr().String()))
+	// Pasted into a bootstrap of the user's, NOT envoy/envoy.yaml: a catch-all
+	// route to the app, no path normalisation, jwt_authn.
+	bootstrap, err := envoytest.PasteIntoBootstrap(out, envoytest.PasteOptions{UpstreamAddr: ln.Addr().String(), AuthFilters: userAuth(t), RawPaths: true})
+	require.NoError(t, err)
+	e, err := stack.StartEnvoy(t, env.EnvoyBin, bootstrap)
 	require.NoError(t, err, "Envoy refused the pieces pasted into the user's bootstrap")
 	t.Cleanup(e.Close)
 	front := e.ListenAddr

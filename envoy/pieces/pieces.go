@@ -167,18 +167,20 @@ func guardedPathRegex(paths []route.GuardedPath) string {
 }
 
 type opRoute struct {
-	Name, Method, Path, Regex string
-	Timeout                   time.Duration
-	Confirm, Status           bool
-	RetryOn                   string
-	Retries                   int
+	Op, Name, Path, Regex string
+	Timeout               time.Duration
+	Confirm, Status       bool
+	RetryOn               string
+	Retries               int
 }
 
-// operationRoutes are the routes of every HTTP operation: each path with its
-// method, a confirm with the operation's timeout and only the retries that
-// keep its key (reset only when the downstream honours keys).
+// operationRoutes are the routes of every operation: each HTTP path, a
+// confirm with the operation's timeout and only the retries that keep its
+// key (reset only when the downstream honours keys), and each MCP endpoint
+// with no retry at all.
 func operationRoutes(rt *config.Runtime) []opRoute {
 	var out []opRoute
+	seenMCP := map[string]bool{}
 	for _, op := range rt.Operations {
 		for _, r := range []struct {
 			kind config.Kind
@@ -187,7 +189,7 @@ func operationRoutes(rt *config.Runtime) []opRoute {
 			if r.r.Method == "" {
 				continue
 			}
-			or := opRoute{Name: op.Name + "_" + r.kind.String(), Method: r.r.Method, Path: r.r.Template.String()}
+			or := opRoute{Op: op.Name, Name: op.Name + "_" + r.kind.String(), Path: r.r.Template.String()}
 			if strings.Contains(or.Path, "{") {
 				or.Regex, or.Path = templateRegex(or.Path), ""
 			}
@@ -207,6 +209,10 @@ func operationRoutes(rt *config.Runtime) []opRoute {
 				or.Timeout = op.UpstreamTimeout
 			}
 			out = append(out, or)
+		}
+		if op.MCP != nil && op.MCP.Endpoint != "" && !seenMCP[op.MCP.Endpoint] {
+			seenMCP[op.MCP.Endpoint] = true
+			out = append(out, opRoute{Op: op.Name, Name: op.Name, Path: op.MCP.Endpoint, Timeout: op.UpstreamTimeout, Confirm: true, RetryOn: "reset,connect-failure"})
 		}
 	}
 	return out

@@ -159,7 +159,9 @@ clusters:
 #    reached the upstream (connect-failure) or, when the downstream honours the
 #    idempotency key, when the connection broke (reset): the retry carries the same key.
 #    Never retry a confirm on 5xx: idemgate records that answer. The status route is
-#    answered by idemgate; the upstream never sees it.
+#    answered by idemgate; the upstream never sees it. An MCP endpoint is never retried:
+#    an unguarded tools/call carries no idempotency key. Other methods and spellings of
+#    these paths need no route: idemgate refuses them whichever route they take.
 routes:
 {{- range .Routes}}
 - name: {{.Name}}
@@ -169,13 +171,11 @@ routes:
 {{- else}}
     safe_regex: {regex: {{q .Regex}}}
 {{- end}}
-    headers:
-    - name: ":method"
-      string_match: {exact: {{.Method}}}
   route:
     cluster: {{$.Upstream}}
     timeout: {{seconds .Timeout}}
 {{- if .Confirm}}
+    # = operations[{{.Op}}].upstream_retries
     retry_policy:
       retry_on: {{.RetryOn}}
       num_retries: {{.Retries}}
