@@ -602,7 +602,7 @@ func TestEnvoyConfirmPathVariants(t *testing.T) {
 		{"/v1/transfers/.;/confirm", checked, 200},
 		{`/v1/transfers\confirm`, checked, 200}, // a backslash becomes a slash
 		{"http://payments.example/v1/transfers/confirm", checked, 200},
-		{"/v1/transfers/confirm/", refused, 404}, // operation_near_miss
+		{"/v1/transfers/confirm/", refused, 404}, // idemgate: path_not_exact
 		{"/v1/transfers/confirm;x", refused, 404},
 		{"/v1/transfers/confirm.json", refused, 404},
 		{"/V1/TRANSFERS/CONFIRM", refused, 404},
@@ -657,26 +657,24 @@ func TestEnvoyConfirmPathVariants(t *testing.T) {
 	}
 }
 
-// TestEnvoyWithoutPathNormalisationConfirmsSlipPast is the counter-proof of
-// TestEnvoyConfirmPathVariants: the same stack with envoy.yaml's
-// normalize_path, merge_slashes and path_with_escaped_slashes_action turned
-// off. /v1/transfers/c%6Fnfirm then matches no operation route, takes the
-// catch-all (idemgate disabled), and Go's ServeMux unescapes it and runs
-// the confirm handler: executed with no record and no key — with a
-// downstream that ignores keys, every such retry pays again.
-func TestEnvoyWithoutPathNormalisationConfirmsSlipPast(t *testing.T) {
+// TestEnvoyWithoutPathNormalisationSpellingsAreStillRefused: the same
+// stack with envoy.yaml's normalize_path, merge_slashes and
+// path_with_escaped_slashes_action turned off. /v1/transfers/c%6Fnfirm then
+// matches no operation route and takes the catch-all, where Go's ServeMux
+// would unescape it and run the confirm handler; but the ext_proc filter's
+// matcher sends every percent-encoded path to idemgate whatever its route,
+// and idemgate refuses the spelling (path_not_exact) before the upstream.
+// (With per-route switches, as the pieces were before, this paid twice.)
+func TestEnvoyWithoutPathNormalisationSpellingsAreStillRefused(t *testing.T) {
 	s := startStack(t, stack.Options{WithoutPathNormalisation: true, DownstreamIgnoresKeys: true})
 	alice := s.Agent("alice")
 	p := preview(t, alice, transfer("9.00", "acct_vic", "unchecked"))
-	for range 2 {
-		r, err := alice.RawPost("/v1/transfers/c%6Fnfirm", p.ConfirmBody())
+	for _, target := range []string{"/v1/transfers/c%6Fnfirm", "//v1/transfers/confirm", "/v1/transfers/./confirm", "/v1/transfers%2Fconfirm"} {
+		r, err := alice.RawPost(target, p.ConfirmBody())
 		require.NoError(t, err)
-		requireExecuted(t, r)
+		requireEnvelope(t, s, r, http.StatusNotFound, "path_not_exact", notRetryable)
 	}
-	require.Equal(t, 2, s.Payments.Executions(), "the unnormalised path paid twice")
-	for _, c := range s.Upstream.Confirms() {
-		require.Equal(t, "/v1/transfers/c%6Fnfirm", c.RequestURI)
-		require.Empty(t, c.IdempotencyKey)
-	}
+	require.Zero(t, s.Payments.Executions(), "no spelling executed")
+	require.Empty(t, s.Upstream.Confirms())
 	requireRowCounts(t, s, map[string]int{})
 }

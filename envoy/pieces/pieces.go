@@ -198,7 +198,7 @@ func operationRoutes(rt *config.Runtime) []opRoute {
 				or.Confirm = true
 				or.Timeout = op.UpstreamTimeout
 				or.Retries = op.UpstreamRetries
-				or.RetryOn = "connect-failure"
+				or.RetryOn = "connect-failure,reset-before-request"
 				if op.HonoursKeys() {
 					or.RetryOn = "reset,connect-failure"
 				}
