@@ -34,7 +34,7 @@ func TestBadConfigs(t *testing.T) {
 		}},
 		{file: "bad_messages.yaml", want: []string{
 			"bad_messages.yaml:17:26: operations[0].messages.already_completed: set meaning, instruction or both",
-			"bad_messages.yaml:15:7: operations[0].messages.in_progres: unknown message \"in_progres\" (known: already_completed, already_failed, fingerprint_expired, fingerprint_invalid, fingerprint_required, fingerprint_subject_mismatch, in_progress, internal_error, invalid_json, invalid_params, needs_reconciliation, params_changed, request_too_large, status.completed, status.failed, status.fingerprint_invalid, status.fingerprint_required, status.in_progress, status.interrupted, status.needs_reconciliation, status.not_started, status.temporarily_unavailable, subject_required, temporarily_unavailable)",
+			"bad_messages.yaml:15:7: operations[0].messages.in_progres: unknown message \"in_progres\" (known: already_completed, already_failed, fingerprint_expired, fingerprint_invalid, fingerprint_required, fingerprint_subject_mismatch, header_not_allowed, in_progress, internal_error, invalid_json, invalid_params, method_not_allowed, needs_reconciliation, params_changed, path_not_exact, request_too_large, status.completed, status.failed, status.fingerprint_invalid, status.fingerprint_required, status.in_progress, status.interrupted, status.needs_reconciliation, status.not_started, status.temporarily_unavailable, subject_required, temporarily_unavailable)",
 			"bad_messages.yaml:16:34: operations[0].messages.in_progress.instruction: unknown placeholder {status} (known: {preview_tool} {status_tool} {poll_after_seconds} {retry_after_seconds} {max_body_bytes})",
 		}},
 		{file: "bad_params.yaml", want: []string{
