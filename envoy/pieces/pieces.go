@@ -15,9 +15,12 @@
 //     methods it does not check. No route has to disable the filter, so no
 //     route table, however written, lets a near miss past it; other traffic
 //     opens no stream at all.
-//   - idemgate chooses per request what else it needs (mode_override), so the
-//     filter-level processing mode asks only for what every guarded request
-//     needs first: the request headers and the buffered request body.
+//   - The filter-level processing mode is what a guarded request needs (both
+//     bodies buffered, both header messages); idemgate switches off per
+//     request what it does not need (mode_override). The request body stays
+//     BUFFERED at filter level on purpose: were it switched on per request
+//     instead, an Envoy that ignored the override would forward a confirm
+//     before idemgate saw its body.
 package pieces
 
 import (

@@ -108,8 +108,11 @@ http_filters:
         failure_mode_allow: false
         # >= 4 x idemgate store.timeout ({{millis .StoreTimeout}}), and below every route timeout.
         message_timeout: {{seconds .MessageTimeout}}
-        # idemgate asks per request for the phases it needs (a refused or unguarded request:
-        # none after its headers; a preview: no response headers; a status: no response).
+        # idemgate switches off per request the phases it does not need (mode_override):
+        # everything after the headers of a refused or unguarded request, the response body
+        # of a non-2xx preview or an ambiguous confirm. A guarded request needs the rest:
+        # the request body (params, fingerprint) before the upstream sees anything, the
+        # response headers (status; a preview's Idempotency-Fingerprint header) and body.
         allow_mode_override: true
         processing_mode:
           request_header_mode: SEND
