@@ -66,8 +66,15 @@ func Render(rt *config.Runtime, o Options) ([]byte, error) {
 	if o.UpstreamCluster == "" {
 		return nil, fmt.Errorf("an upstream cluster name is required")
 	}
+	// STATIC takes IP addresses only; a name (a Kubernetes Service, a
+	// host) is resolved by Envoy and re-resolved when it changes.
+	clusterType := "STATIC"
+	if net.ParseIP(host) == nil {
+		clusterType = "STRICT_DNS"
+	}
 	data := view{
 		ConfigPath:       o.ConfigPath,
+		ClusterType:      clusterType,
 		Host:             host,
 		Port:             port,
 		Upstream:         o.UpstreamCluster,
@@ -243,6 +250,7 @@ func tooLargeEnvelope(rt *config.Runtime) (envelopeFields, error) {
 
 type view struct {
 	ConfigPath       string
+	ClusterType      string
 	Host, Port       string
 	Upstream         string
 	SubjectHeader    string

@@ -130,7 +130,7 @@ http_filters:
 # 3. static_resources.clusters (or your CDS): the gRPC cluster, explicitly HTTP/2.
 clusters:
 - name: idemgate
-  type: STATIC
+  type: {{.ClusterType}}
   connect_timeout: 0.25s
   typed_extension_protocol_options:
     envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
