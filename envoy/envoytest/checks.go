@@ -15,8 +15,6 @@ import (
 	jwtauthnv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -662,13 +660,4 @@ func checkAdminLoopback(g *Gateway, _ *IdemgateConfig) error {
 		return fmt.Errorf("admin listens on %q; it must stay on loopback", a)
 	}
 	return nil
-}
-
-// protojsonString prints a message compactly for error messages.
-func protojsonString(m proto.Message) string {
-	b, err := protojson.Marshal(m)
-	if err != nil {
-		return fmt.Sprint(m)
-	}
-	return string(b)
 }

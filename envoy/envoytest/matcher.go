@@ -21,8 +21,8 @@ func unwrapMatcher(m proto.Message) (proto.Message, *xdsmatcherv3.Matcher, error
 	if !ok {
 		return m, nil, nil
 	}
-	if ewm.GetMatcher() != nil {
-		return nil, nil, errors.New("ExtensionWithMatcher.matcher is deprecated; use xds_matcher")
+	if ewm.GetXdsMatcher() == nil {
+		return nil, nil, errors.New("ExtensionWithMatcher without xds_matcher (the deprecated matcher field is not understood here)")
 	}
 	inner, err := anypb.UnmarshalNew(ewm.GetExtensionConfig().GetTypedConfig(), proto.UnmarshalOptions{})
 	if err != nil {
