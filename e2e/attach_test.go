@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -92,29 +91,6 @@ func userAuth(t *testing.T) []any {
 	}}
 }
 
-// rawRequest sends one HTTP/1.1 request with target written byte for byte
-// (no client cleans or re-encodes it) and returns the response.
-func rawRequest(t *testing.T, addr, method, target, token string, body []byte) (int, http.Header, []byte) {
-	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	require.NoError(t, err)
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: api.example\r\nAuthorization: Bearer %s\r\nConnection: close\r\n", method, target, token)
-	if body != nil {
-		fmt.Fprintf(&b, "Content-Type: application/json\r\nContent-Length: %d\r\n", len(body))
-	}
-	b.WriteString("\r\n")
-	_, err = io.WriteString(c, b.String()+string(body))
-	require.NoError(t, err)
-	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: method})
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	rb, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, rb
-}
-
 // TestAttachedAsTheREADMESaysNothingBypassesIdemgate pastes the pieces of
 // `idemgate envoy-config` into a bootstrap of the user's (with a catch-all
 // route and a lenient upstream) and sends every spelling and method of the
@@ -163,7 +139,7 @@ func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
 	t.Cleanup(e.Close)
 	front := e.ListenAddr
 
-	token, err := demoauth.Mint("alice", time.Hour, time.Now())
+	alice, err := stack.NewAgent("alice", "http://"+front)
 	require.NoError(t, err)
 	transfer := []byte(`{"amount":"100.00","currency":"EUR","payee":{"account_id":"DE89"},"memo":"rent"}`)
 	mcpConfirm := []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"transfer_confirm","arguments":{"amount":"100.00","currency":"EUR","payee":{"account_id":"DE89"}}}}`)
@@ -192,7 +168,9 @@ func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
 		if pr.method == "HEAD" {
 			body = nil
 		}
-		status, hdr, rb := rawRequest(t, front, pr.method, pr.target, token, body)
+		r, err := alice.Send(pr.method, pr.target, body, stack.WithLength)
+		require.NoError(t, err, "%s %s", pr.method, pr.target)
+		status, hdr, rb := r.StatusCode, r.Header, r.Body
 		executed, unchecked := up.counts()
 		require.Empty(t, unchecked, "%s %s reached the upstream unchecked (status %d: %s)", pr.method, pr.target, status, rb)
 		require.Zero(t, executed, "%s %s executed", pr.method, pr.target)
@@ -209,18 +187,21 @@ func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
 	}
 
 	// The exact spelling works, once: preview, confirm, replay.
-	status, _, rb := rawRequest(t, front, "POST", "/v1/transfers/preview", token, transfer)
-	require.Equal(t, 200, status, string(rb))
+	r, err := alice.Raw("/v1/transfers/preview", transfer, stack.WithLength)
+	require.NoError(t, err)
+	require.Equal(t, 200, r.StatusCode, "%s", r)
 	var pv map[string]any
-	require.NoError(t, json.Unmarshal(rb, &pv))
+	require.NoError(t, json.Unmarshal(r.Body, &pv))
 	fp, _ := pv["fingerprint"].(string)
-	require.NotEmpty(t, fp, string(rb))
+	require.NotEmpty(t, fp, "%s", r)
 	confirm := []byte(strings.Replace(string(transfer), `"memo":"rent"`, `"memo":"rent","fingerprint":"`+fp+`"`, 1))
-	status, _, rb = rawRequest(t, front, "POST", "/v1/transfers/confirm", token, confirm)
-	require.Equal(t, 201, status, string(rb))
-	status, hdr, _ := rawRequest(t, front, "POST", "/v1/transfers/confirm", token, confirm)
-	require.Equal(t, 201, status)
-	require.Equal(t, "true", hdr.Get("Idempotent-Replayed"))
+	r, err = alice.Raw("/v1/transfers/confirm", confirm, stack.WithLength)
+	require.NoError(t, err)
+	require.Equal(t, 201, r.StatusCode, "%s", r)
+	r, err = alice.Raw("/v1/transfers/confirm", confirm, stack.WithLength)
+	require.NoError(t, err)
+	require.Equal(t, 201, r.StatusCode)
+	require.True(t, r.Replayed())
 	executed, unchecked := up.counts()
 	require.Equal(t, 1, executed)
 	require.Empty(t, unchecked)
@@ -229,47 +210,19 @@ func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
 	before, err := e.Stat("cluster.idemgate.upstream_rq_total")
 	require.NoError(t, err)
 	for _, path := range []string{"/v1/accounts", "/healthz", "/v1/transfers", "/static/app.js?q=a%20b"} {
-		status, _, _ := rawRequest(t, front, "POST", path, token, []byte(`{}`))
-		require.Equal(t, 200, status, path)
+		r, err := alice.Raw(path, []byte(`{}`), stack.WithLength)
+		require.NoError(t, err)
+		require.Equal(t, 200, r.StatusCode, path)
 	}
 	after, err := e.Stat("cluster.idemgate.upstream_rq_total")
 	require.NoError(t, err)
 	require.Equal(t, before, after, "a request that cannot name a guarded path opened an ext_proc stream")
 
 	// An oversize confirm sent chunked gets Envoy's 413, as an envelope.
-	big := bytes.Repeat([]byte("x"), 2<<20)
-	status, hdr, rb = rawChunked(t, front, "/v1/transfers/confirm", token, big)
-	require.Equal(t, 413, status)
-	require.Equal(t, "application/json", hdr.Get("Content-Type"), string(rb))
-	var tooLarge map[string]any
-	require.NoError(t, json.Unmarshal(rb, &tooLarge), string(rb))
-	require.Equal(t, "request_too_large", tooLarge["status"])
-	require.Equal(t, false, tooLarge["retryable"])
-	require.NotEmpty(t, tooLarge["trace_id"])
-}
-
-// rawChunked sends a POST with a chunked body (no Content-Length: Envoy
-// finds it too large only while buffering).
-func rawChunked(t *testing.T, addr, target, token string, body []byte) (int, http.Header, []byte) {
-	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	r, err = alice.Raw("/v1/transfers/confirm", bytes.Repeat([]byte("x"), 2<<20), stack.Chunked)
 	require.NoError(t, err)
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	go func() {
-		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: api.example\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n", target, token)
-		for len(body) > 0 {
-			n := min(len(body), 64<<10)
-			if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", n, body[:n]); err != nil {
-				return
-			}
-			body = body[n:]
-		}
-		_, _ = io.WriteString(c, "0\r\n\r\n")
-	}()
-	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: "POST"})
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	rb, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, rb
+	require.Equal(t, 413, r.StatusCode)
+	require.NotNil(t, r.Envelope, "%s", r)
+	require.Equal(t, "request_too_large", r.Envelope.Status)
+	require.False(t, *r.Envelope.Retryable)
 }

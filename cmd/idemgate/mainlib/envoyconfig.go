@@ -1,14 +1,11 @@
 package mainlib
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net"
 
-	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/envoy/pieces"
-	"github.com/idemgate/idemgate/extproc/config"
 )
 
 // envoyConfig prints the Envoy pieces that attach idemgate, derived from
@@ -25,19 +22,9 @@ func envoyConfig(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "envoy-config: --config is required")
 		return ErrUsage
 	}
-	// Only operations, subject, limits and timeouts are read: no secret is
-	// needed, so this runs where the keys and DSN do not exist.
-	cfg, warns, err := settings.Load(*path, config.Options{Offline: true})
-	for _, w := range warns {
-		fmt.Fprintf(stderr, "warning: %s\n", w)
-	}
+	cfg, err := loadOffline(*path, stderr)
 	if err != nil {
-		var p *config.Problem
-		if !errors.As(err, &p) {
-			return err
-		}
-		fmt.Fprintln(stderr, err)
-		return fmt.Errorf("%s: %d problem(s)", *path, countProblems(err))
+		return err
 	}
 	address := *addr
 	if address == "" {

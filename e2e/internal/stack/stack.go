@@ -251,6 +251,12 @@ func proxiedDSN(dsn string, start func(target string) (string, error)) (string, 
 func (s *Stack) URL() string { return "http://" + s.Envoy.ListenAddr }
 
 // Agent returns an agent client for user.
+// NewAgent is an agent of user (a JWT of the demo issuer) sending to base
+// (http://host:port), for a test that runs its own front.
+func NewAgent(user, base string) (*Agent, error) {
+	return newAgent(user, base, &http.Client{Timeout: 30 * time.Second})
+}
+
 func (s *Stack) Agent(user string) *Agent {
 	s.t.Helper()
 	a, err := newAgent(user, s.URL(), s.client)
