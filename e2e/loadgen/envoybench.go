@@ -30,10 +30,12 @@ const (
 	evPlainOther    = "envoy other-path"
 	evAttachedOther = "envoy+idemgate other-path"
 	evNoop          = "envoy+noop"
-	evIO            = "envoy+io-floor"
-	evPreview       = "envoy+preview"
-	evConfirm       = "envoy+confirm-tiered"
-	evReplay        = "envoy+replay"
+	// evAnswer is the floor with a replay's message count (2).
+	evAnswer  = "envoy+noop-answer"
+	evIO      = "envoy+io-floor"
+	evPreview = "envoy+preview"
+	evConfirm = "envoy+confirm-tiered"
+	evReplay  = "envoy+replay"
 
 	// The same over MCP (operations[transfer_mcp]): tools/call requests of
 	// a 2026-07-28 client to /mcp.
@@ -62,7 +64,7 @@ var envoyColumnDescriptions = map[string]string{
 }
 
 // envoyColumns lists every column in report order.
-var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evNoop, evIO, evPreview, evConfirm, evReplay, evNoopMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
+var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evNoop, evAnswer, evIO, evPreview, evConfirm, evReplay, evNoopMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
 
 // idemgateColumns are the columns idemgate serves.
 var idemgateColumns = []string{evPreview, evConfirm, evReplay, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay, evAttachedOther}
@@ -173,6 +175,12 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	}
 	e.children = append(e.children, noop)
 	e.extProcPid[evNoop] = noop.pid()
+	answer, answerAddr, err := b.startFloor(ctx, "answer")
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, answer)
+	e.extProcPid[evAnswer] = answer.pid()
 	ioArgs := []string{"-redis-addr", e.redis, "-redis-prefix", e.prefix + "iofloor:", "-pg-dsn", e.db.dsn}
 	settings := idemgateSettings{RedisAddr: e.redis, KeyPrefix: e.prefix, PostgresDSN: e.db.dsn}
 	if o.envoyLenientStores {
@@ -208,6 +216,7 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		{[]string{evPlain, evPlainOther}, envoytest.Edits{Clusters: clusters(noopAddr), DropExtProc: true}},
 		{[]string{evNoop, evNoopMCP}, envoytest.Edits{Clusters: clusters(noopAddr)}},
 		{[]string{evIO}, envoytest.Edits{Clusters: clusters(ioAddr)}},
+		{[]string{evAnswer}, envoytest.Edits{Clusters: clusters(answerAddr)}},
 		{idemgateColumns, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr)}},
 	} {
 		p, err := startEnvoy(ctx, e.bin, e.dir, s.columns[0], s.edits)
@@ -324,7 +333,7 @@ func expectedLabel(column string) string {
 		return "200 " + markSigned
 	case evConfirm:
 		return "200 " + markKey
-	case evReplay:
+	case evReplay, evAnswer:
 		return "200 " + markReplayed
 	case evNoopMCP, evMCPUnguarded:
 		return "200 " + markRPC
@@ -352,7 +361,7 @@ func (e *envoyBench) source(column string, c int) (httpSource, error) {
 			return nil, err
 		}
 		return &confirmHTTPSource{e: e, items: items}, nil
-	case evReplay:
+	case evReplay, evAnswer:
 		return &confirmHTTPSource{e: e, items: e.replay, cycle: true, limit: uint64(float64(o.budgetRate) * cell)}, nil
 	case evNoopMCP, evMCPUnguarded:
 		return &mcpSource{tool: mcpUnguardedTool, tokens: e.tokens, args: previewBytes, limit: uint64(float64(o.budgetRate) * cell)}, nil
@@ -565,7 +574,7 @@ func (e *envoyBench) checkUpstream(column string, c, round int, res *httpResult,
 		if want := res.all[expectedLabel(column)]; d.ConfirmsWithKey != want || d.Previews != 0 {
 			problems = append(problems, fmt.Sprintf("the upstream executed %d confirms and %d previews, the client saw %d executed", d.ConfirmsWithKey, d.Previews, want))
 		}
-	case evReplay, evMCPReplay:
+	case evReplay, evMCPReplay, evAnswer:
 		if d.Confirms != 0 || d.Previews != 0 {
 			problems = append(problems, fmt.Sprintf("replays reached the upstream (%d confirms, %d previews)", d.Confirms, d.Previews))
 		}
@@ -632,6 +641,7 @@ func (e *envoyBench) finish() {
 		{Name: "envoy+preview / envoy", Num: evPreview, Den: evPlain, Target: 0.45, TargetConcurrency: at,
 			Note: "a guarded preview against Envoy alone: 4 ext_proc messages (request headers and body, response headers and body)."},
 		{Name: "envoy+replay / envoy", Num: evReplay, Den: evPlain, Note: "2 ext_proc messages; idemgate answers, the upstream is not called."},
+		{Name: "envoy+replay / envoy+noop-answer", Num: evReplay, Den: evAnswer, Note: "against the floor with the same 2 messages and an answer of its own."},
 		{Name: "envoy+confirm-tiered / envoy", Num: evConfirm, Den: evPlain, Note: "4 ext_proc messages and 4 store round trips."},
 		{Name: "envoy+mcp-unguarded / envoy+noop mcp", Num: evMCPUnguarded, Den: evNoopMCP, Target: 0.95, TargetConcurrency: at,
 			Note: "an MCP call no operation guards: idemgate lets it pass at the request headers (Mcp-Method/Mcp-Name), the no-op server exchanges all 4 messages."},
