@@ -132,7 +132,7 @@ func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
 	require.NoError(t, err)
 	// Pasted into a bootstrap of the user's, NOT envoy/envoy.yaml: a catch-all
 	// route to the app, no path normalisation, jwt_authn.
-	bootstrap, err := envoytest.PasteIntoBootstrap(out, envoytest.PasteOptions{UpstreamAddr: ln.Addr().String(), AuthFilters: userAuth(t), RawPaths: true})
+	bootstrap, err := envoytest.PasteIntoBootstrap(out, envoytest.PasteOptions{UpstreamAddr: ln.Addr().String(), AuthFilters: userAuth(t), RawPaths: true, LoopbackIsInternal: true})
 	require.NoError(t, err)
 	e, err := stack.StartEnvoy(t, env.EnvoyBin, bootstrap)
 	require.NoError(t, err, "Envoy refused the pieces pasted into the user's bootstrap")
@@ -186,8 +186,15 @@ func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
 		require.Equal(t, false, envl["retryable"])
 	}
 
+	// The agent is an internal client here, so Envoy would honour a retry
+	// header it sends: idemgate refuses the confirm before anything runs.
+	r, err := alice.Send("POST", "/v1/transfers/confirm", transfer, stack.WithLength, "x-envoy-retry-on: 5xx", "x-envoy-max-retries: 3")
+	require.NoError(t, err)
+	require.Equal(t, 400, r.StatusCode, "%s", r)
+	require.Equal(t, "header_not_allowed", r.Envelope.Status)
+
 	// The exact spelling works, once: preview, confirm, replay.
-	r, err := alice.Raw("/v1/transfers/preview", transfer, stack.WithLength)
+	r, err = alice.Raw("/v1/transfers/preview", transfer, stack.WithLength)
 	require.NoError(t, err)
 	require.Equal(t, 200, r.StatusCode, "%s", r)
 	var pv map[string]any

@@ -100,6 +100,10 @@ type PasteOptions struct {
 	// RawPaths leaves out every path-normalisation option of the connection
 	// manager (the user's config need not have them).
 	RawPaths bool
+	// LoopbackIsInternal counts loopback clients as internal
+	// (internal_address_config): Envoy then keeps and honours their
+	// x-envoy-* request headers, as a mesh that trusts its callers does.
+	LoopbackIsInternal bool
 }
 
 // PasteIntoBootstrap writes the smallest bootstrap a user might already run
@@ -146,13 +150,19 @@ func PasteIntoBootstrap(pieces []byte, o PasteOptions) ([]byte, error) {
 		}}}},
 	})
 	hcm := map[string]any{
-		"@type":        "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-		"stat_prefix":  "existing",
-		"route_config": map[string]any{"virtual_hosts": []any{map[string]any{"name": "app", "domains": []any{"*"}, "routes": routes}}},
-		"http_filters": filters,
+		"@type":       "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+		"stat_prefix": "existing",
+		// An edge proxy: the client's address is the connection's.
+		"use_remote_address": true,
+		"route_config":       map[string]any{"virtual_hosts": []any{map[string]any{"name": "app", "domains": []any{"*"}, "routes": routes}}},
+		"http_filters":       filters,
 	}
 	if len(raw.LocalReplyConfig) > 0 {
 		hcm["local_reply_config"] = raw.LocalReplyConfig
+	}
+	if o.LoopbackIsInternal {
+		hcm["internal_address_config"] = map[string]any{"cidr_ranges": []any{
+			map[string]any{"address_prefix": "127.0.0.0", "prefix_len": 8}}}
 	}
 	if !o.RawPaths {
 		hcm["normalize_path"] = true
