@@ -69,7 +69,7 @@ func openStore(ctx context.Context, s settings.StoreSettings, metrics *extproc.M
 		ss.store = state.Instrument(ss.redis, "redis", obs)
 	case "tiered":
 		ts, err := tiered.New(tiered.Options{
-			Redis: ss.redis, Postgres: pgStore, RedisTimeout: s.Redis.Timeout,
+			Redis: ss.redis, Postgres: pgStore, RedisTimeout: s.Redis.Timeout, RedisMaxTTL: s.ReplayCache,
 			OnFallback: metrics.Fallback, Logger: logger,
 		})
 		if err != nil {
