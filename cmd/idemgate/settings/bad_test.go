@@ -132,6 +132,9 @@ func TestBadConfigs(t *testing.T) {
 		{file: "postgres_dsn_both.yaml", want: []string{
 			"postgres_dsn_both.yaml:7:5: store.postgres: set exactly one of dsn, dsn_env and dsn_file",
 		}},
+		{file: "postgres_pooler.yaml", want: []string{
+			"postgres_pooler.yaml:8:13: store.postgres.pooler: unknown pooler mode \"statement\" (known: none, session, transaction; statement pooling breaks transactions and is not supported)",
+		}},
 		{file: "postgres_dsn_invalid.yaml", want: []string{
 			"postgres_dsn_invalid.yaml:6:14: store.postgres: invalid PostgreSQL DSN (from inline; not shown because it may hold a password)",
 		}},

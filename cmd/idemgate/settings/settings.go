@@ -150,6 +150,9 @@ type PostgresSettings struct {
 	// DSNSource says where the DSN came from ("inline", "env NAME", "file PATH").
 	DSNSource string
 	MaxConns  int
+	// TransactionPooler: the DSN points at a pooler in transaction mode
+	// (store.postgres.pooler: transaction).
+	TransactionPooler bool
 }
 
 // DrainSettings is the SIGTERM sequence.
@@ -365,6 +368,13 @@ func (c *compiler) postgres(pg *Postgres) *PostgresSettings {
 		if ps.MaxConns < 0 {
 			c.ch.Errorf(at("max_conns"), "must not be negative (0 lets idemgate size the pool)")
 		}
+	}
+	switch pg.Pooler {
+	case "", "none", "session":
+	case "transaction":
+		ps.TransactionPooler = true
+	default:
+		c.ch.Errorf(at("pooler"), "unknown pooler mode %q (known: none, session, transaction; statement pooling breaks transactions and is not supported)", pg.Pooler)
 	}
 	return ps
 }
