@@ -187,3 +187,38 @@ func TestFailoverToAsynchronousStandbyReportsWhatWasLost(t *testing.T) {
 	require.Positive(t, run.acked)
 	require.Positive(t, run.ackedAfter, "the pool reconnected to the promoted standby")
 }
+
+// DurabilityWarning: silent with a synchronous standby streaming, a
+// warning with an asynchronous one.
+func TestDurabilityWarning(t *testing.T) {
+	for _, synchronous := range []bool{true, false} {
+		t.Run(fmt.Sprintf("synchronous=%v", synchronous), func(t *testing.T) {
+			syncName, syncState := "", "async"
+			if synchronous {
+				syncName, syncState = "standby1", "sync"
+			}
+			primary := testutil.StartPGPrimary(t, testutil.PGPrimaryOptions{SynchronousStandby: syncName})
+			testutil.StartPGStandby(t, primary, "standby1")
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			require.NoError(t, primary.WaitForStandby(ctx, "standby1", syncState))
+			s, err := New(ctx, Options{DSN: primary.DSN()})
+			require.NoError(t, err)
+			defer s.Close()
+			w, err := s.DurabilityWarning(ctx)
+			require.NoError(t, err)
+			if !synchronous {
+				require.Contains(t, w, "synchronous_standby_names is empty")
+				return
+			}
+			require.Empty(t, w)
+			// A session that does not wait for the standby is not safe either.
+			local, err := New(ctx, Options{DSN: primary.DSN() + "&options=-csynchronous_commit%3Dlocal"})
+			require.NoError(t, err)
+			defer local.Close()
+			w, err = local.DurabilityWarning(ctx)
+			require.NoError(t, err)
+			require.Contains(t, w, "synchronous_commit is local")
+		})
+	}
+}

@@ -67,3 +67,12 @@ func containsAll(s string, parts ...string) bool {
 	}
 	return true
 }
+
+// serve warns at start when PostgreSQL reports no synchronous standby (the
+// shared test server has none): a failover could lose an acknowledged DONE.
+func TestServeWarnsWithoutASynchronousStandby(t *testing.T) {
+	dsn := testutil.CreateDatabase(t)
+	s := startServe(t, writeConfig(t, fmt.Sprintf("store: {postgres: {dsn: %q}}", dsn)))
+	require.Eventually(t, func() bool { code, _ := s.get(t, "/readyz"); return code == 200 }, 20*time.Second, 50*time.Millisecond)
+	require.Contains(t, s.stderr.String(), "no synchronous standby (synchronous_standby_names is empty)")
+}

@@ -181,6 +181,12 @@ func (r *readiness) check(ctx context.Context, ss *storeSet, done *startupSteps)
 			return false, "postgres migrations not applied: " + err.Error()
 		}
 		done.migrated = true
+		// Once per start: whether an acknowledged DONE survives a failover.
+		dctx, dcancel := context.WithTimeout(ctx, readinessPingTimeout)
+		if w, err := ss.pg.DurabilityWarning(dctx); err == nil && w != "" {
+			r.warn(w)
+		}
+		dcancel()
 	}
 	if !done.warmed {
 		// Before the first "ready": the pool's warm connections exist and
@@ -289,6 +295,16 @@ func (r *readiness) checkRedis(ctx context.Context, ss *storeSet) (ready bool, r
 	}
 	// Tiered, Redis unreachable: it is only the fast path.
 	return true, ""
+}
+
+// warn logs a warning about the stores.
+func (r *readiness) warn(warning string) {
+	r.mu.Lock()
+	logger := r.logger
+	r.mu.Unlock()
+	if logger != nil {
+		logger.Warn(warning)
+	}
 }
 
 // warnOnce logs a Redis warning when it differs from the last one logged.
