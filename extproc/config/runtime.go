@@ -55,6 +55,11 @@ type TTLSettings struct {
 	Fingerprint time.Duration
 	InFlight    time.Duration
 	Terminal    time.Duration
+	// ReplayCache is how long Redis, the fast path of a tiered store, keeps
+	// a record: replays come within minutes and PostgreSQL, the truth,
+	// keeps it for Terminal. A Redis-only store ignores it (Redis is the
+	// record there and keeps it for Terminal).
+	ReplayCache time.Duration
 }
 
 // LimitSettings bound body reading.
