@@ -56,6 +56,9 @@ type compiler struct {
 	// languageOK: messages.language names a built-in catalogue, so
 	// envelopes can be compiled.
 	languageOK bool
+	// fingerprintKeys are the signing keys read, which no attestation key
+	// may equal.
+	fingerprintKeys [][]byte
 }
 
 func p(segs ...any) []any { return segs }
@@ -182,6 +185,7 @@ func (c *compiler) readFile(path []any, key, what, file string) ([]byte, bool) {
 func (c *compiler) compile(f *File) *Runtime {
 	rt := &Runtime{}
 	rt.Keys, rt.KeySources = c.signing(f.Signing)
+	rt.Attestation = c.attestation(f.Attestation, c.fingerprintKeys)
 	rt.Subject = c.subject(f.Subject)
 	rt.Store = c.storeCalls(f.Store)
 	rt.TTL = c.ttl(f.TTL)
@@ -275,6 +279,7 @@ func (c *compiler) signing(s *Signing) (*fingerprint.KeyRing, map[string]string)
 		}
 		keys[id] = key
 		sources[id] = from
+		c.fingerprintKeys = append(c.fingerprintKeys, key)
 	}
 	if !ok {
 		return nil, sources
