@@ -73,6 +73,10 @@ type exchange struct {
 	mcp *mcpExchange
 
 	tr streamTrace
+
+	// method and path are the request line as received (and forwarded);
+	// attestation is the one signed for this request (attestation.go).
+	method, path, attestation string
 }
 
 // handle dispatches one message. end says the stream is finished after the
@@ -108,6 +112,7 @@ func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	method, _ := headerValue(hm, hdrMethod)
 	path, _ := headerValue(hm, hdrPath)
 	ex.traceID, _ = headerValue(hm, hdrRequestID)
+	ex.method, ex.path = method, path // what an attestation binds
 	if ep := ex.srv.cfg.MCPEndpoint(method, path); ep != nil {
 		ex.proc = mcpProcessor
 		return ex.mcpRequestHeaders(req, h, ep)
