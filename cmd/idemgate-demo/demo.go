@@ -17,8 +17,8 @@ import (
 
 	"github.com/idemgate/idemgate/attest/verify"
 	"github.com/idemgate/idemgate/e2e/payments"
-	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/envoy"
+	"github.com/idemgate/idemgate/extproc/config"
 )
 
 const (
