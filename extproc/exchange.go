@@ -111,8 +111,8 @@ func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	hm := h.GetHeaders()
 	method, _ := headerValue(hm, hdrMethod)
 	path, _ := headerValue(hm, hdrPath)
-	ex.traceID, _ = headerValue(hm, hdrRequestID)
 	ex.method, ex.path = method, path // what an attestation binds
+	ex.traceID, _ = headerValue(hm, hdrRequestID)
 	if ep := ex.srv.cfg.MCPEndpoint(method, path); ep != nil {
 		ex.proc = mcpProcessor
 		return ex.mcpRequestHeaders(req, h, ep)
