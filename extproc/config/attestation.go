@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -62,55 +61,24 @@ func (c *compiler) attestation(a *Attestation, fingerprintKeys [][]byte) *Attest
 	if out.TTL > 10*time.Minute {
 		c.warnf(p("attestation", "ttl"), "%s is long: an attestation is meant to live for one request and its retries", out.TTL)
 	}
-	ok := true
-	if a.ActiveKey == "" {
-		c.errorf(p("attestation", "active_key"), "required")
-		ok = false
-	}
-	if len(a.Keys) == 0 {
-		c.errorf(p("attestation", "keys"), "required: at least one key, e.g. a1: {env: IDEMGATE_ATTEST_KEY_A1} (generate one with `idemgate keygen`)")
-		return nil
-	}
-	if _, found := a.Keys[a.ActiveKey]; a.ActiveKey != "" && !found {
-		c.errorf(p("attestation", "active_key"), "names key %q, which is not under attestation.keys", a.ActiveKey)
-		ok = false
-	}
-	ids := make([]string, 0, len(a.Keys))
-	for id := range a.Keys {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	keys := make(map[string]ed25519.PrivateKey, len(ids))
-	for _, id := range ids {
-		src := a.Keys[id]
-		path := p("attestation", "keys", id)
-		if !keyIDPattern.MatchString(id) {
-			c.keyErrorf(path, "key id %q must be 1-64 characters of A-Z a-z 0-9 . _ -", id)
-			ok = false
-			continue
-		}
-		text, from, found := c.secret(path, SecretRef{What: "attestation key", EnvKey: "env", Env: src.Env, FileKey: "file", File: src.File, StandIn: offlineAttestationKey})
-		if !found {
-			ok = false
-			continue
-		}
+	sec := keySection{name: "attestation", what: "attestation key", example: "a1: {env: IDEMGATE_ATTEST_KEY_A1} (generate one with `idemgate keygen --attestation a1`)", standIn: offlineAttestationKey}
+	keys, sources, ok := readKeys(c, sec, a.ActiveKey, a.Keys, func(path []any, from, text string) (ed25519.PrivateKey, bool) {
 		key, err := attest.ParseSeed(text)
 		if err != nil {
-			c.errorf(path, "key from %s: %v (generate one with `idemgate keygen`)", from, err)
-			ok = false
-			continue
+			c.errorf(path, "key from %s: %v (generate one with `idemgate keygen --attestation ID`)", from, err)
+			return nil, false
 		}
 		for _, fk := range fingerprintKeys {
 			if bytes.Equal(fk, key.Seed()) {
 				// One key for two jobs: whoever verifies attestations would
 				// hold what forges fingerprints (HMAC) — and vice versa.
 				c.errorf(path, "key from %s is also a fingerprint signing key: attestation keys must be their own", from)
-				ok = false
+				return nil, false
 			}
 		}
-		keys[id] = key
-		out.KeySources[id] = from
-	}
+		return key, true
+	})
+	out.KeySources = sources
 	if !ok {
 		return nil
 	}

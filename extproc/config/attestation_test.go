@@ -67,7 +67,7 @@ func TestBadAttestation(t *testing.T) {
 		{"the fingerprint key", `{active_key: a1, keys: {a1: {env: IDEMGATE_TEST_KEY_K1}}}`,
 			"f.yaml:2:43: attestation.keys.a1: key from env IDEMGATE_TEST_KEY_K1 is also a fingerprint signing key: attestation keys must be their own"},
 		{"short key", `{active_key: a1, keys: {a1: {env: ATTEST_SHORT}}}`,
-			"f.yaml:2:43: attestation.keys.a1: key from env ATTEST_SHORT: invalid attestation key: 5 bytes, need exactly 32 (an Ed25519 seed) (generate one with `idemgate keygen`)"},
+			"f.yaml:2:43: attestation.keys.a1: key from env ATTEST_SHORT: invalid attestation key: 5 bytes, need exactly 32 (an Ed25519 seed) (generate one with `idemgate keygen --attestation ID`)"},
 		{"active key not configured", `{active_key: a9, keys: {a1: {env: ATTEST_A1}}}`,
 			"f.yaml:2:27: attestation.active_key: names key \"a9\", which is not under attestation.keys"},
 		{"no keys", `{active_key: a1}`,
