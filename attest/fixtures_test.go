@@ -117,6 +117,10 @@ func buildFixture(t *testing.T) fixture {
 		{Name: "MCP: an HTTP confirm's attestation", Method: "POST", Path: "/mcp", Headers: h(good), Body: call("transfer_confirm", args, ""), MCPTools: []string{"transfer_confirm"}, Want: "attestation_other_request"},
 		{Name: "MCP: tools/list needs none", Method: "POST", Path: "/mcp", Body: `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, MCPTools: []string{"transfer_confirm"}, Want: "ok"},
 		{Name: "MCP: the preview tool needs none", Method: "POST", Path: "/mcp", Body: call("transfer_preview", args, ""), MCPTools: []string{"transfer_confirm"}, Want: "ok"},
+		{Name: "MCP: a GET (the SSE stream) needs none", Method: "GET", Path: "/mcp", Body: "", MCPTools: []string{"transfer_confirm"}, Want: "ok"},
+		{Name: "MCP: a body with a duplicate key (a lenient reader may see the confirm tool)", Method: "POST", Path: "/mcp",
+			Body:     `{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call","params":{"name":"transfer_confirm","arguments":` + args + `}}`,
+			MCPTools: []string{"transfer_confirm"}, Want: "attestation_invalid"},
 		{Name: "MCP: a batch holding the confirm tool", Method: "POST", Path: "/mcp", Body: "[" + call("transfer_confirm", args, mcp) + "]", MCPTools: []string{"transfer_confirm"}, Want: "attestation_other_request"},
 	}
 	// A path-variable param: its hash comes from the Go implementation.

@@ -183,7 +183,9 @@ function createVerifier(opts = {}) {
       try { doc = parseJSON(body); } catch (e) { throw new VerifyError(PARAMS_DIFFER, e.message); }
       return verify({ method, path, token, doc, idempotencyKey });
     }
+    if (body.toString('utf8').trim() === '') return null; // GET (the SSE stream), DELETE (session end): no call
     let msg;
+    // Not strict JSON: refused, a lenient parser might still read a guarded call in it.
     try { msg = parseJSON(body); } catch (e) { throw new VerifyError(INVALID, `not JSON-RPC: ${e.message}`); }
     if (Array.isArray(msg)) {
       if (msg.some((m) => guardedCall(m))) throw new VerifyError(OTHER_REQUEST, 'a batch holds a guarded tools/call');

@@ -74,9 +74,13 @@ type mcpCall struct {
 }
 
 // mcpCall finds the guarded tools/call in body: nil when the message is
-// anything else. A body that is not JSON, or a batch holding a guarded
-// call, is refused (idemgate refuses such batches itself).
+// anything else, an empty body too. A body that is not strict JSON (a
+// lenient parser might still read a guarded call in it), or a batch
+// holding a guarded call, is refused (idemgate refuses such batches too).
 func (v *Verifier) mcpCall(body []byte) (*mcpCall, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, nil // GET (the SSE stream), DELETE (session end): no call
+	}
 	doc, err := parseJSON(body)
 	if err != nil {
 		return nil, errors.Join(ErrMalformed, err)

@@ -194,9 +194,11 @@ class Verifier:
             except ParamError as e:
                 raise VerifyError(PARAMS_DIFFER, str(e)) from e
             return self.verify(method, path, token, doc, key)
+        if not body.strip():
+            return None  # GET (the SSE stream), DELETE (session end): no call
         try:
             msg = parse_json(body)
-        except ParamError as e:
+        except ParamError as e:  # a lenient parser might still read a guarded call in it
             raise VerifyError(INVALID, "not JSON-RPC: %s" % e) from e
         if isinstance(msg, list):
             if any(self._call(m) for m in msg):
