@@ -59,7 +59,12 @@ func TestPythonPackageBuilds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a wheel (pip may fetch setuptools from PyPI)")
 	}
-	py := requireRuntime(t, "python3", "-m", "pip", "--version")
+	sys := requireRuntime(t, "python3", "-m", "venv", "--help")
+	// A virtual environment of its own: pip there may build and install
+	// (a distribution's python3 refuses, PEP 668).
+	venv := filepath.Join(t.TempDir(), "venv")
+	run(t, ".", nil, sys, "-m", "venv", "--system-site-packages", venv) // cryptography from the system
+	py := filepath.Join(venv, "bin", "python")
 	dist, target := t.TempDir(), t.TempDir()
 	src, err := filepath.Abs("python")
 	if err != nil {
@@ -97,6 +102,25 @@ func TestNodeVerifier(t *testing.T) {
 	out := run(t, "node", nil, node, "--test", "test/")
 	if !strings.Contains(out, "# fail 0") || !strings.Contains(out, "# skipped 0") || strings.Contains(out, "# pass 0\n") {
 		t.Fatalf("node --test did not pass every test:\n%s", out)
+	}
+	t.Log(out)
+}
+
+// TestNodeVerifierInExpressAndFastify mounts the Node middleware in real
+// Express 5 and Fastify 5 apps (installed from npm into a temporary
+// directory: the package itself has no dependencies) and runs the shared
+// fixtures through both.
+func TestNodeVerifierInExpressAndFastify(t *testing.T) {
+	if testing.Short() {
+		t.Skip("installs express and fastify from npm")
+	}
+	node := requireRuntime(t, "node", "-e", "require('crypto').createPublicKey")
+	npm := requireRuntime(t, "npm", "--version")
+	deps := t.TempDir()
+	run(t, deps, nil, npm, "install", "--no-save", "--no-package-lock", "--no-audit", "--no-fund", "--silent", "express@5", "fastify@5")
+	out := run(t, "node", []string{"NODE_PATH=" + filepath.Join(deps, "node_modules")}, node, "frameworks/check.js")
+	if !strings.Contains(out, "frameworks: ") || !strings.Contains(out, " 0 failed") {
+		t.Fatalf("frameworks/check.js:\n%s", out)
 	}
 	t.Log(out)
 }

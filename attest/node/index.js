@@ -13,7 +13,7 @@
 //   const { createVerifier, express, fastify } = require('idemgate-attest');
 //   const v = createVerifier({ jwksUrl: 'http://idemgate-admin:9090/.well-known/jwks.json' });
 //   app.post('/v1/transfers/confirm', express(v), handler);   // before (or instead of) express.json()
-//   fastifyApp.register(fastify(v));                          // in the scope of the confirm routes
+//   app.register(async (scope) => { await scope.register(fastify(v)); scope.post('/v1/transfers/confirm', handler); });
 //
 // Roll out with { logOnly: true } first.
 const crypto = require('crypto');
@@ -266,10 +266,12 @@ function express(verifier) {
 // fastify returns a plugin: it keeps each JSON body's bytes (a content type
 // parser that still gives request.body as JSON.parse does) and checks the
 // attestation in a preHandler hook; claims are request.idemgateAttestation.
-// Register it in the scope of the confirm routes (it is encapsulated: only
-// routes registered in the same plugin scope are guarded).
+// Like a fastify-plugin plugin it is not encapsulated: it guards the routes
+// of the scope it is registered in, so register it in a scope that holds
+// the confirm routes only (or every route, with mcpTools for /mcp).
 function fastify(verifier) {
-  return async function idemgateAttestation(instance) {
+  async function idemgateAttestation(instance) {
+    if (instance.hasContentTypeParser('application/json')) instance.removeContentTypeParser('application/json');
     instance.addContentTypeParser('application/json', { parseAs: 'buffer' }, (req, body, done) => {
       req.rawBody = body;
       if (body.length === 0) return done(null, undefined);
@@ -283,7 +285,9 @@ function fastify(verifier) {
       if (claims) request.idemgateAttestation = claims;
       return undefined;
     });
-  };
+  }
+  idemgateAttestation[Symbol.for('skip-override')] = true; // what fastify-plugin sets
+  return idemgateAttestation;
 }
 
 module.exports = {
