@@ -4,7 +4,6 @@ import (
 	"log/slog"
 	"strconv"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/idemgate/idemgate/extproc/config"
@@ -149,12 +148,11 @@ func (ex *exchange) answer(ans state.Answer, claims fingerprint.Claims, owner st
 	switch ans.Outcome {
 	case state.OutcomeAcquired:
 		ex.holdClaim(state.Claim{Key: nonce, Owner: owner, Fence: ans.Record.Fence})
-		var mut *extprocv3.HeaderMutation
-		if h := ex.op.DownstreamHeader; h != "" {
-			// Overwrite (append unset) whatever key the client sent: the
-			// nonce is the only idempotency key the upstream may see, and
-			// Envoy's own retries keep it.
-			mut = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(h, []byte(nonce))}}
+		mut, err := ex.forwardHeaders(claims, ans.Record.Fence)
+		if err != nil {
+			// Never forward unattested; the claim is given back unsent.
+			ex.logger().Error("failed to sign the attestation", "error", err)
+			return ex.envelope(envelope.InternalError, 0, envelope.Extra{}), true
 		}
 		ex.decision("acquired")
 		if headersOnly {

@@ -73,6 +73,10 @@ type exchange struct {
 	mcp *mcpExchange
 
 	tr streamTrace
+
+	// method and path are the request line as received (and forwarded);
+	// attestation is the one signed for this request (attestation.go).
+	method, path, attestation string
 }
 
 // handle dispatches one message. end says the stream is finished after the
@@ -107,6 +111,7 @@ func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	hm := h.GetHeaders()
 	method, _ := headerValue(hm, hdrMethod)
 	path, _ := headerValue(hm, hdrPath)
+	ex.method, ex.path = method, path // what an attestation binds
 	ex.traceID, _ = headerValue(hm, hdrRequestID)
 	if reply, refused := ex.spellingRefused(req, h, method, path); refused {
 		return reply, true

@@ -12,6 +12,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/idemgate/idemgate/attest/verify"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/envelope"
 	"github.com/idemgate/idemgate/extproc/security"
@@ -295,12 +296,19 @@ func (ex *exchange) mcpToolCall(body, params, args []byte) (*extprocv3.Processin
 func (ex *exchange) mcpForwardConfirm(resp *extprocv3.ProcessingResponse, body, params, args []byte) *extprocv3.ProcessingResponse {
 	newArgs := editObject(args, []string{ex.op.FingerprintField})
 	set := []rawSet{{"arguments", newArgs}}
+	var metaSet []rawSet
 	if ex.op.HonoursKeys() {
+		metaSet = append(metaSet, rawSet{config.MCPIdempotencyMetaKey, envelope.AppendString(nil, ex.claim.Key)})
+	}
+	if ex.attestation != "" {
+		metaSet = append(metaSet, rawSet{verify.MCPMetaKey, envelope.AppendString(nil, ex.attestation)})
+	}
+	if len(metaSet) > 0 {
 		meta := memberOf(params, "_meta")
 		if _, ok := objectMembers(meta); !ok {
 			meta = []byte("{}")
 		}
-		set = append(set, rawSet{"_meta", editObject(meta, nil, rawSet{config.MCPIdempotencyMetaKey, envelope.AppendString(nil, ex.claim.Key)})})
+		set = append(set, rawSet{"_meta", editObject(meta, nil, metaSet...)})
 	}
 	newBody := editObject(body, nil, rawSet{"params", editObject(params, nil, set...)})
 	var headers []*corev3.HeaderValueOption

@@ -15,8 +15,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemgate/idemgate/attest/verify"
 	"github.com/idemgate/idemgate/e2e/payments"
 	"github.com/idemgate/idemgate/envoy"
+	"github.com/idemgate/idemgate/extproc/config"
 )
 
 const (
@@ -128,10 +130,22 @@ type paymentsAPI struct {
 	url  string
 }
 
-func servePayments(lis net.Listener, logger *slog.Logger) *paymentsAPI {
+// servePayments serves the payments API; with attestation keys (the demo
+// with idemgate in front) its confirms need idemgate's attestation.
+func servePayments(lis net.Listener, logger *slog.Logger, attestation *config.AttestationSettings) (*paymentsAPI, error) {
+	var h http.Handler = payments.New(payments.Options{Logger: logger})
+	if attestation != nil {
+		keys, err := verify.ParseJWKS(attestation.Signer.JWKS())
+		if err != nil {
+			return nil, err
+		}
+		if h, err = payments.Attested(h, keys, logger); err != nil {
+			return nil, err
+		}
+	}
 	p := &paymentsAPI{
 		srv: &http.Server{
-			Handler:           payments.New(payments.Options{Logger: logger}),
+			Handler:           h,
 			ReadHeaderTimeout: 10 * time.Second,
 			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 		},
@@ -143,7 +157,7 @@ func servePayments(lis net.Listener, logger *slog.Logger) *paymentsAPI {
 			p.errs <- fmt.Errorf("payments API stopped: %w", err)
 		}
 	}()
-	return p
+	return p, nil
 }
 
 func (p *paymentsAPI) stop() error {
@@ -164,7 +178,10 @@ func runUpstream(ctx context.Context, addr string, stdout io.Writer, logger *slo
 	if err != nil {
 		return fmt.Errorf("failed to listen on %s (--listen): %w", addr, err)
 	}
-	p := servePayments(lis, logger)
+	p, err := servePayments(lis, logger, nil)
+	if err != nil {
+		return err
+	}
 	fmt.Fprintf(stdout, "demo payments API listening on %s (counters: GET /_admin/stats)\n", p.url)
 	var runErr error
 	select {
@@ -226,7 +243,10 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer, logge
 	if err != nil {
 		return fmt.Errorf("failed to listen on a loopback port for the payments API: %w", err)
 	}
-	pay := servePayments(lis, logger)
+	pay, err := servePayments(lis, logger, demoSettings.Runtime.Attestation)
+	if err != nil {
+		return err
+	}
 	stops = append(stops, pay.stop)
 
 	idem, err := ws.startIdemgate(ctx, o.idemgateBin, cfg, key)

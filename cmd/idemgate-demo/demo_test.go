@@ -208,7 +208,7 @@ func TestDemoPrintedCommandsShowWhatTheySay(t *testing.T) {
 	script := d.stdout.String()
 	require.Contains(t, script, "# idemgate demo: a real Envoy "+pinnedVersion(t)+" in front of idemgate")
 	steps, order := runSteps(t, script)
-	require.Equal(t, []string{"1", "2", "3a", "3b", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13"}, order, "the steps, in the order the brief of the demo lists them")
+	require.Equal(t, []string{"1", "2", "3a", "3b", "4", "5", "6", "7", "7b", "8", "9", "10", "11", "12", "13"}, order, "the steps, in the order the brief of the demo lists them")
 
 	for _, step := range []string{"2", "3a", "3b", "4", "5", "6", "7"} {
 		require.Equal(t, "\n", parseCurl(t, step, steps[step]).rest, "step %s prints its response and nothing else", step)
@@ -286,6 +286,12 @@ func TestDemoPrintedCommandsShowWhatTheySay(t *testing.T) {
 		require.Equal(t, http.StatusForbidden, r.status)
 		require.Equal(t, "fingerprint_subject_mismatch", r.json(t)["status"])
 		require.Contains(t, d.stderr.String(), "event=security_alert reason=fingerprint_subject_mismatch operation=transfer nonce="+nonce)
+	})
+
+	t.Run("7b the payments API refuses a confirm that went around idemgate", func(t *testing.T) {
+		var refused map[string]any
+		require.NoError(t, json.Unmarshal([]byte(steps["7b"]), &refused), steps["7b"])
+		require.Equal(t, "attestation_missing", refused["error"])
 	})
 
 	t.Run("8 the payments API executed exactly once, under idemgate's key", func(t *testing.T) {

@@ -41,7 +41,7 @@ func (w workspace) startIdemgate(ctx context.Context, bin string, config []byte,
 	c, err := w.startChild(childSpec{
 		name: "idemgate", bin: bin,
 		args: []string{"serve", "--config", cfg, "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"},
-		env:  append(os.Environ(), demoKeyEnv+"="+key),
+		env:  append(os.Environ(), demoKeyEnv+"="+key, demoAttestKeyEnv+"="+attestationKey(os.LookupEnv)),
 		onLine: func(line string) {
 			if m := servingLine.FindStringSubmatch(line); m != nil {
 				mu.Lock()

@@ -56,6 +56,9 @@ type compiler struct {
 	// languageOK: messages.language names a built-in catalogue, so
 	// envelopes can be compiled.
 	languageOK bool
+	// fingerprintKeys are the signing keys read, which no attestation key
+	// may equal.
+	fingerprintKeys [][]byte
 }
 
 func p(segs ...any) []any { return segs }
@@ -182,6 +185,7 @@ func (c *compiler) readFile(path []any, key, what, file string) ([]byte, bool) {
 func (c *compiler) compile(f *File) *Runtime {
 	rt := &Runtime{}
 	rt.Keys, rt.KeySources = c.signing(f.Signing)
+	rt.Attestation = c.attestation(f.Attestation, c.fingerprintKeys)
 	rt.Subject = c.subject(f.Subject)
 	rt.Store = c.storeCalls(f.Store)
 	rt.TTL = c.ttl(f.TTL)
@@ -232,51 +236,17 @@ func (c *compiler) signing(s *Signing) (*fingerprint.KeyRing, map[string]string)
 		c.errorf(p("signing"), "required: the keys that sign fingerprints (generate one with `idemgate keygen`)")
 		return nil, nil
 	}
-	ok := true
-	if s.ActiveKey == "" {
-		c.errorf(p("signing", "active_key"), "required")
-		ok = false
-	}
-	if len(s.Keys) == 0 {
-		c.errorf(p("signing", "keys"), "required: at least one key, e.g. k1: {env: IDEMGATE_KEY_K1}")
-		return nil, nil
-	}
-	if s.ActiveKey != "" {
-		if _, found := s.Keys[s.ActiveKey]; !found {
-			c.errorf(p("signing", "active_key"), "names key %q, which is not under signing.keys", s.ActiveKey)
-			ok = false
-		}
-	}
-	ids := make([]string, 0, len(s.Keys))
-	for id := range s.Keys {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	keys := make(map[string][]byte, len(ids))
-	sources := make(map[string]string, len(ids))
-	for _, id := range ids {
-		src := s.Keys[id]
-		path := p("signing", "keys", id)
-		if !keyIDPattern.MatchString(id) {
-			c.keyErrorf(path, "key id %q must be 1-64 characters of A-Z a-z 0-9 . _ -", id)
-			ok = false
-			continue
-		}
-		text, from, found := c.secret(path, SecretRef{What: "signing key", EnvKey: "env", Env: src.Env, FileKey: "file", File: src.File, StandIn: offlineKey})
-		if !found {
-			ok = false
-			continue
-		}
+	sec := keySection{name: "signing", what: "signing key", example: "k1: {env: IDEMGATE_KEY_K1}", standIn: offlineKey}
+	keys, sources, ok := readKeys(c, sec, s.ActiveKey, s.Keys, func(path []any, from, text string) ([]byte, bool) {
 		key, err := fingerprint.ParseKey(text)
 		if err != nil {
 			// ParseKey's messages never contain key material.
 			c.errorf(path, "key from %s: %v (generate one with `idemgate keygen`)", from, err)
-			ok = false
-			continue
+			return nil, false
 		}
-		keys[id] = key
-		sources[id] = from
-	}
+		c.fingerprintKeys = append(c.fingerprintKeys, key)
+		return key, true
+	})
 	if !ok {
 		return nil, sources
 	}

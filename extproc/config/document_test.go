@@ -41,7 +41,7 @@ func TestDocumentOverlaysTheOtherOwnersKeys(t *testing.T) {
 
 	// Alone, this package knows only its own keys.
 	_, _, err = Parse("f.yaml", []byte(src), "", testOptions())
-	require.ErrorContains(t, err, `f.yaml:1:1: grpc_listen: unknown key "grpc_listen" (known keys: limits, messages, operations, security, signing, store, subject, ttl)`)
+	require.ErrorContains(t, err, `f.yaml:1:1: grpc_listen: unknown key "grpc_listen" (known keys: attestation, limits, messages, operations, security, signing, store, subject, ttl)`)
 	require.ErrorContains(t, err, `store.redis: unknown key "redis" (known keys: timeout)`)
 }
 
@@ -55,7 +55,7 @@ func TestDocumentReportsUnknownKeysOfBothOwners(t *testing.T) {
 	require.Error(t, err)
 	got := strings.Split(err.Error(), "\n")
 	require.Equal(t, []string{
-		`f.yaml:1:1: grpc_listn: unknown key "grpc_listn" (known keys: grpc_listen, limits, messages, operations, security, signing, store, subject, ttl)`,
+		`f.yaml:1:1: grpc_listn: unknown key "grpc_listn" (known keys: attestation, grpc_listen, limits, messages, operations, security, signing, store, subject, ttl)`,
 		`f.yaml:2:9: store.timeot: unknown key "timeot" (known keys: redis, timeout)`,
 		`f.yaml:2:29: store.redis.adrs: unknown key "adrs" (known keys: addrs)`,
 	}, got)

@@ -27,14 +27,16 @@ import (
 // process settings' too). Durations are Go duration strings; pointers mark
 // optional values whose zero is meaningful or invalid.
 type File struct {
-	Signing    *Signing        `yaml:"signing"`
-	Subject    *Subject        `yaml:"subject"`
-	Store      StoreCalls      `yaml:"store"`
-	TTL        TTL             `yaml:"ttl"`
-	Limits     Limits          `yaml:"limits"`
-	Messages   Messages        `yaml:"messages"`
-	Security   Security        `yaml:"security"`
-	Operations []OperationSpec `yaml:"operations"`
+	Signing *Signing `yaml:"signing"`
+	// Attestation is in attestation.go (DESIGN section 11).
+	Attestation *Attestation    `yaml:"attestation"`
+	Subject     *Subject        `yaml:"subject"`
+	Store       StoreCalls      `yaml:"store"`
+	TTL         TTL             `yaml:"ttl"`
+	Limits      Limits          `yaml:"limits"`
+	Messages    Messages        `yaml:"messages"`
+	Security    Security        `yaml:"security"`
+	Operations  []OperationSpec `yaml:"operations"`
 }
 
 // Signing names the active key and every key that verifies.

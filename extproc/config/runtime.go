@@ -16,13 +16,15 @@ type Runtime struct {
 	Keys   *fingerprint.KeyRing
 	// KeySources describes where each key came from (for the summary; no material).
 	KeySources map[string]string
-	Subject    SubjectSource
-	Store      StoreCallSettings
-	TTL        TTLSettings
-	Limits     LimitSettings
-	Language   string
-	Webhook    WebhookSettings
-	Operations []*Operation
+	// Attestation signs what is forwarded after ACQUIRED (nil: off).
+	Attestation *AttestationSettings
+	Subject     SubjectSource
+	Store       StoreCallSettings
+	TTL         TTLSettings
+	Limits      LimitSettings
+	Language    string
+	Webhook     WebhookSettings
+	Operations  []*Operation
 	// Routes maps method + path to an operation's route.
 	Routes *route.Table[Target]
 	// MCPEndpoints holds the MCP endpoints of MCP operations by path (nil

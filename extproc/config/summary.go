@@ -47,6 +47,7 @@ func (rt *Runtime) WriteSummary(w io.Writer, proc ProcessSummary) error {
 		keys = append(keys, k)
 	}
 	fmt.Fprintf(&b, "keys:       %s\n", strings.Join(keys, ", "))
+	fmt.Fprintf(&b, "attest:     %s\n", rt.Attestation.summary())
 	if rt.Subject.Header != "" {
 		fmt.Fprintf(&b, "subject:    header %s\n", rt.Subject.Header)
 	} else {

@@ -42,11 +42,17 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 	return cfg.WriteSummary(stdout)
 }
 
-// keygen prints a new signing key.
+// keygen prints a new signing key; --attestation prints an attestation
+// key (the same form: base64 of 32 random bytes, an Ed25519 seed) and its
+// public JWK.
 func keygen(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("keygen", stderr)
+	attestKid := fs.String("attestation", "", "print an attestation key with this key id (its public JWK goes to stderr)")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *attestKid != "" {
+		return keygenAttestation(*attestKid, stdout, stderr)
 	}
 	key, err := fingerprint.GenerateKey()
 	if err != nil {

@@ -28,8 +28,12 @@ Usage:
       Serve ext_proc (gRPC) and the admin endpoints (/metrics /healthz /readyz).
   idemgate check-config --config FILE [--offline]
       Check a config file: list every problem, or print a summary.
-  idemgate keygen
-      Print a new signing key (base64 of 32 random bytes) for IDEMGATE_KEY_*.
+  idemgate keygen [--attestation KID]
+      Print a new signing key (base64 of 32 random bytes) for IDEMGATE_KEY_*;
+      with --attestation, an attestation key (its public JWK on stderr).
+  idemgate jwks --config FILE
+      Print the JWKS of the config's attestation keys (what the admin listener
+      serves at /.well-known/jwks.json).
   idemgate migrate (--config FILE | --dsn DSN)
       Apply the PostgreSQL migrations.
   idemgate ops list [--state UNKNOWN|IN_FLIGHT|DONE|FAILED] [--older-than 10m] [--limit N] (--config FILE | --dsn DSN)
@@ -63,6 +67,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return checkConfig(rest, stdout, stderr)
 	case "keygen":
 		return keygen(rest, stdout, stderr)
+	case "jwks":
+		return jwks(rest, stdout, stderr)
 	case "migrate":
 		return migrate(ctx, rest, stdout, stderr)
 	case "ops":

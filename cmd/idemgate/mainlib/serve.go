@@ -155,7 +155,7 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 	go ready.watch(bg, ss, metrics, logger)
 	go sweep(bg, ss.store, logger)
 
-	admin := &http.Server{Handler: adminHandler(reg, hs, ready, ss.backend, on.adminOpts), ReadHeaderTimeout: 5 * time.Second}
+	admin := &http.Server{Handler: withJWKS(adminHandler(reg, hs, ready, ss.backend, on.adminOpts), rt.Attestation), ReadHeaderTimeout: 5 * time.Second}
 	errs := make(chan error, 2)
 	go func() {
 		if err := gs.Serve(grpcLis); err != nil {

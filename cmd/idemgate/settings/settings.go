@@ -37,7 +37,7 @@ const (
 // sections are idemgate.yaml's top-level keys in the order of its
 // reference: the order problems are listed in.
 var sections = []string{
-	"grpc_listen", "admin_listen", "log", "signing", "subject", "store", "ttl",
+	"grpc_listen", "admin_listen", "log", "signing", "attestation", "subject", "store", "ttl",
 	"limits", "messages", "security", "drain", "tracing", "operations",
 }
 

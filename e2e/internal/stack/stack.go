@@ -69,6 +69,9 @@ type Options struct {
 	// IdemgateConfig adds top-level sections to idemgate.yaml (for
 	// example tracing); see applyIdemgateConfig.
 	IdemgateConfig map[string]any
+	// WrapUpstream and EditBootstrap: see attest.go.
+	WrapUpstream  func(http.Handler) http.Handler
+	EditBootstrap func([]byte) ([]byte, error)
 }
 
 // Stack is one running deployment.
@@ -89,8 +92,9 @@ type Stack struct {
 	// Envoy is the front.
 	Envoy *Envoy
 
-	client     *http.Client
-	signingKey string
+	client       *http.Client
+	signingKey   string
+	upstreamAddr string
 
 	poolOnce sync.Once
 	pool     *pgxpool.Pool
@@ -134,6 +138,7 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 	s.Payments = payments.New(payments.Options{IgnoreIdempotencyKeys: opts.DownstreamIgnoresKeys})
 	s.Upstream = &Upstream{Payments: s.Payments}
 	paymentsAddr := s.serveUpstream()
+	s.upstreamAddr = paymentsAddr
 
 	key, err := newSigningKey()
 	if err != nil {
@@ -182,6 +187,9 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		ConfirmRetryOn:      confirmRetryOn(opts),
 		RawPaths:            opts.WithoutPathNormalisation,
 	})
+	if err == nil && opts.EditBootstrap != nil {
+		s.Bootstrap, err = opts.EditBootstrap(s.Bootstrap)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +229,11 @@ func (s *Stack) serveUpstream() string {
 	if err != nil {
 		s.t.Fatalf("failed to listen for payments: %v", err)
 	}
-	srv := &http.Server{Handler: s.Upstream, ReadHeaderTimeout: 10 * time.Second}
+	var h http.Handler = s.Upstream
+	if s.opts.WrapUpstream != nil {
+		h = s.opts.WrapUpstream(h)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	s.t.Cleanup(func() {
 		s.Upstream.releaseHolds()
