@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	xdsmatcherv3 "github.com/cncf/xds/go/xds/type/matcher/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -298,9 +299,14 @@ func TestChecksCatchBrokenConfigs(t *testing.T) {
 		{"catch-all disables idemgate", "near-miss operation paths never reach an upstream unguarded", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
 			route(t, g, "catch_all").TypedPerFilterConfig = map[string]*anypb.Any{envoytest.ExtProcFilter: disabledPerRoute(t)}
 		}},
-		{"matcher misses encoded spellings", "near-miss operation paths never reach an upstream unguarded", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
+		{"matcher matches the exact paths only", "near-miss operation paths never reach an upstream unguarded", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
+			// Each operation path exactly (what per-route enabling would give):
+			// the near misses on the catch-all skip idemgate.
 			or := extProcFilter(t, g).Matcher.GetMatcherList().GetMatchers()[0].GetPredicate().GetNotMatcher().GetOrMatcher()
-			or.Predicate = or.Predicate[1:]
+			for _, p := range or.Predicate[1:] {
+				vm := p.GetSinglePredicate().GetValueMatch()
+				vm.MatchPattern = &xdsmatcherv3.StringMatcher_Exact{Exact: vm.GetPrefix()}
+			}
 		}},
 		{"per-route key misspelt", "per-route configs are keyed by existing filter names", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
 			route(t, g, "healthz").TypedPerFilterConfig = map[string]*anypb.Any{"ext_proc": disabledPerRoute(t)}
