@@ -36,8 +36,8 @@ var retryControlHeaders = map[string]bool{
 // it, because a lenient upstream router may run the guarded handler for it.
 // The one exception: a bodiless GET or DELETE on an MCP endpoint (the
 // specification's server-to-client stream and session end) cannot carry a
-// tools/call and goes on. ok is false when the request may go on.
-func (ex *exchange) spellingRefused(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders, method, path string) (reply *extprocv3.ProcessingResponse, ok bool) {
+// tools/call and goes on. refused is false when the request may go on.
+func (ex *exchange) spellingRefused(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders, method, path string) (reply *extprocv3.ProcessingResponse, refused bool) {
 	verdict, gp := ex.srv.cfg.Guard.Check(method, path)
 	switch verdict {
 	case route.Unguarded, route.Exact:

@@ -209,15 +209,24 @@ func plainSegments(path string) bool {
 	if path == "/" {
 		return true
 	}
-	for _, s := range strings.Split(path[1:], "/") {
-		if strings.IndexByte(s, '%') >= 0 {
-			s = percentDecode(s)
+	// Walked in place: this runs on every stream, and the common path
+	// (no '%') allocates nothing.
+	for rest := path[1:]; ; {
+		seg := rest
+		i := strings.IndexByte(rest, '/')
+		if i >= 0 {
+			seg, rest = rest[:i], rest[i+1:]
 		}
-		if s == "" || s == "." || s == ".." || strings.ContainsAny(s, "/\\;\x00") {
+		if strings.IndexByte(seg, '%') >= 0 {
+			seg = percentDecode(seg)
+		}
+		if seg == "" || seg == "." || seg == ".." || strings.ContainsAny(seg, "/\\;\x00") {
 			return false
 		}
+		if i < 0 {
+			return true
+		}
 	}
-	return true
 }
 
 func containsString(list []string, s string) bool {

@@ -110,3 +110,14 @@ func TestLoose(t *testing.T) {
 		require.Equal(t, want, Loose(in), in)
 	}
 }
+
+// TestGuardAllocatesNothingForAnExactPath: Check runs on every stream.
+func TestGuardAllocatesNothingForAnExactPath(t *testing.T) {
+	g := testGuard(t)
+	allocs := testing.AllocsPerRun(100, func() {
+		if v, _ := g.Check("POST", "/v1/accounts/acc-1/payouts/confirm?x=1"); v != Exact {
+			t.Fatal(v)
+		}
+	})
+	require.Zero(t, allocs)
+}
