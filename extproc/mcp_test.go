@@ -473,12 +473,26 @@ func TestMCPTrafficSelection(t *testing.T) {
 	up := newMCPServer(false)
 	const alice = "user-alice"
 
-	t.Run("2026-07-28 headers: other traffic is not buffered", func(t *testing.T) {
-		for _, hs := range [][]header{modern("tools/call", "weather"), modern("resources/read", "file:///x"), modern("server/discover", "")} {
-			res := do(t, d, mcpPost(alice, rpc(`1`, "tools/call", callParams("weather", `{}`)), hs...), up.handle)
+	t.Run("2026-07-28 headers: the body decides, other traffic passes after it", func(t *testing.T) {
+		for _, c := range []struct {
+			hs   []header
+			body []byte
+		}{
+			{modern("tools/call", "weather"), rpc(`1`, "tools/call", callParams("weather", `{}`))},
+			{modern("resources/read", "file:///x"), rpc(`1`, "resources/read", `{"uri":"file:///x"}`)},
+			{modern("server/discover", ""), rpc(`1`, "server/discover", `{}`)},
+		} {
+			res := do(t, d, mcpPost(alice, c.body, c.hs...), up.handle)
 			require.True(t, res.upstreamCalled)
-			require.Equal(t, 1, res.replies, "one reply at request headers, every later phase off")
+			require.Equal(t, 3, res.replies, "request headers, request body, response headers with body processing off")
 		}
+	})
+	t.Run("headers naming an unguarded tool over a body calling the confirm tool are refused", func(t *testing.T) {
+		// An upstream that ignores the mirrored headers would run the body.
+		res := do(t, d, mcpPost(alice, rpc(`1`, "tools/call", callParams("transfer_confirm", transferArgs(`1`, ""))), modern("tools/call", "weather")...), neverCalled(t))
+		protocolError(t, res, 400, -32020)
+		res = do(t, d, mcpPost(alice, rpc(`1`, "tools/call", callParams("transfer_confirm", transferArgs(`1`, ""))), modern("resources/read", "file:///x")...), neverCalled(t))
+		protocolError(t, res, 400, -32020)
 	})
 	t.Run("headers that disagree with the body are refused with -32020", func(t *testing.T) {
 		res := do(t, d, mcpPost(alice, rpc(`1`, "tools/call", callParams("transfer_confirm", `{}`)), modern("tools/call", "transfer_preview")...), neverCalled(t))
@@ -542,4 +556,31 @@ func TestMCPChinese(t *testing.T) {
 	r := toolResult(t, res, `2`, "params_changed", true)
 	require.Contains(t, r["content"].([]any)[0].(map[string]any)["text"], "transfer_preview")
 	require.Regexp(t, `\p{Han}`, r["structuredContent"].(map[string]any)["meaning"])
+}
+
+// TestMCPTrustedHeadersFastPath: with mcp.trust_upstream_headers on every
+// operation of the endpoint, the 2026-07-28 headers decide at once and other
+// traffic is not buffered (one message). That trusts the upstream to refuse
+// a body that disagrees with them: one that ignores them would run a confirm
+// idemgate never saw (shown here), which is why the default reads the body.
+func TestMCPTrustedHeadersFastPath(t *testing.T) {
+	trusted := strings.ReplaceAll(mcpConfigYAML, "mcp: {endpoint: /mcp,", "mcp: {trust_upstream_headers: true, endpoint: /mcp,")
+	e := newEnv(t, nil, nil)
+	e.cfg = testConfig(t, trusted)
+	e.useStore(t, memory.New(memory.Options{Now: e.clock.Now}))
+	d := fakeDialer{srv: e.srv}
+	up := newMCPServer(false)
+	for _, hs := range [][]header{modern("tools/call", "weather"), modern("resources/read", "file:///x"), modern("server/discover", "")} {
+		res := do(t, d, mcpPost("user-alice", rpc(`1`, "tools/call", callParams("weather", `{}`)), hs...), up.handle)
+		require.True(t, res.upstreamCalled)
+		require.Equal(t, 1, res.replies, "one reply at request headers, every later phase off")
+	}
+	called := false
+	res := do(t, d, mcpPost("user-alice", rpc(`1`, "tools/call", callParams("transfer_confirm", transferArgs(`1`, ""))), modern("tools/call", "weather")...),
+		func(map[string]string, []byte) upstreamReply {
+			called = true
+			return upstreamReply{status: 200}
+		})
+	require.True(t, called, "trusted: the mismatch is the upstream's to refuse")
+	require.Nil(t, res.immediate)
 }
