@@ -584,3 +584,27 @@ func TestMCPTrustedHeadersFastPath(t *testing.T) {
 	require.True(t, called, "trusted: the mismatch is the upstream's to refuse")
 	require.Nil(t, res.immediate)
 }
+
+// TestMCPResponseIsPickedByID: an event stream may carry a response to
+// another request before the one to this request; idemgate edits only the
+// message whose id is this request's (the fingerprint goes to the preview
+// that asked for it, never to a stranger's result).
+func TestMCPResponseIsPickedByID(t *testing.T) {
+	e := newMCPEnv(t, "")
+	d := fakeDialer{srv: e.srv}
+	quote := func(id string) string {
+		return `{"jsonrpc":"2.0","id":` + id + `,"result":{"content":[{"type":"text","text":"quote"}],"structuredContent":{"quote":{"fee":"0.50"}}}}`
+	}
+	stranger, ours := quote(`2`), quote(`"1"`)
+	stream := "event: message\ndata: " + stranger + "\n\nevent: message\ndata: " + ours + "\n\n"
+	res := do(t, d, mcpPost("user-alice", rpc(`"1"`, "tools/call", callParams("transfer_preview", transferArgs(`"5"`, ""))), modern("tools/call", "transfer_preview")...),
+		func(map[string]string, []byte) upstreamReply {
+			return upstreamReply{status: 200, headers: []header{{"content-type", "text/event-stream"}}, body: []byte(stream)}
+		})
+	require.Nil(t, res.immediate)
+	events := parseSSE(res.body)
+	require.Len(t, events, 2)
+	require.Equal(t, stranger, string(events[0].data), "the other request's response passes untouched")
+	require.Contains(t, string(events[1].data), `"fingerprint"`, "this request's response gets the fingerprint")
+	require.Contains(t, string(events[1].data), `"id":"1"`)
+}
