@@ -433,7 +433,7 @@ func runMCPSuite(t *testing.T, e *env, d dialer, sse bool) {
 			t.Run(name, func(t *testing.T) {
 				fp, nonce, up := outcome(t, "transfer", c.member, c.whole)
 				require.Eventually(t, func() bool {
-					rec, found := e.record(t, nonce)
+					rec, found := e.recordNow(nonce)
 					return found && rec.State == state.InFlight && rec.LeaseExpired
 				}, 5*time.Second, 10*time.Millisecond, "released at once, not left for the lease")
 				res := confirmAgain(t, "transfer", fp, up)
