@@ -90,6 +90,13 @@ func NewServer(opts Options) (*Server, error) {
 	if opts.Store == nil {
 		return nil, errors.New("extproc: store is required")
 	}
+	for _, op := range opts.Config.Operations {
+		// Refused until confirms wait for approvals: an approval block that
+		// is not enforced would let gated confirms execute unapproved.
+		if op.Approval != nil {
+			return nil, fmt.Errorf("extproc: operation %s has an approval block, which this server does not enforce yet", op.Name)
+		}
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -435,6 +435,9 @@ func (c *compiler) operation(i int, o *OperationSpec, idx *opIndex, rt *Runtime)
 	if o.MCP != nil {
 		c.mcpOperation(op, o, at)
 	}
+	if o.Approval != nil {
+		op.Approval = c.approval(op, o.Approval, at, rt)
+	}
 	c.envelopes(op, o, at, rt)
 	return op
 }

@@ -129,6 +129,9 @@ type OperationSpec struct {
 	// MCP makes the operation an MCP tool pair instead of three HTTP routes
 	// (DESIGN section 9); see MCPSpec.
 	MCP *MCPSpec `yaml:"mcp"`
+	// Approval makes some confirms wait for people (DESIGN section 10);
+	// see ApprovalSpec in approval.go.
+	Approval *ApprovalSpec `yaml:"approval"`
 }
 
 // RouteSpec is an HTTP method and a path template.

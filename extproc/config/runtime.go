@@ -161,6 +161,9 @@ type Operation struct {
 	// MCP is set when the operation is an MCP tool pair (its HTTP routes
 	// are then unset).
 	MCP *MCPTools
+	// Approval is set when some confirms of the operation need people's
+	// approval (DESIGN section 10).
+	Approval *ApprovalSettings
 }
 
 // HonoursKeys reports whether the downstream deduplicates by the

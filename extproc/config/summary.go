@@ -111,6 +111,9 @@ func (rt *Runtime) WriteSummary(w io.Writer, proc ProcessSummary) error {
 			fmt.Fprintf(&b, "; %d message override(s)", len(op.Overrides))
 		}
 		b.WriteByte('\n')
+		if op.Approval != nil && op.Approval.Verifier != nil {
+			fmt.Fprintf(&b, "    approval %s\n", op.Approval.summary())
+		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -25,6 +25,9 @@ func TestBadConfigs(t *testing.T) {
 		{file: "bad_duration.yaml", want: []string{
 			"bad_duration.yaml:5:18: ttl.in_flight: invalid duration \"2 minutes\": use a Go duration such as 250ms, 15m or 72h",
 		}},
+		{file: "bad_approval_listen.yaml", want: []string{
+			"bad_approval_listen.yaml:6:18: approval_listen: must differ from grpc_listen (:50051) and admin_listen (:9090)",
+		}},
 		{file: "bad_listen.yaml", want: []string{
 			"bad_listen.yaml:5:14: grpc_listen: invalid listen address \"50051\": use host:port or :port",
 		}},
@@ -102,8 +105,8 @@ func TestBadConfigs(t *testing.T) {
 			"literal_password.yaml:8:5: store.redis.password: unknown key \"password\" (known keys: addrs, db, key_prefix, master_name, mode, password_env, password_file, timeout, tls, username)",
 		}},
 		{file: "many_problems.yaml", want: []string{
-			"many_problems.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, attestation, drain, grpc_listen, limits, log, messages, operations, security, signing, store, subject, tracing, ttl)",
-			"many_problems.yaml:17:5: operations[0].retires: unknown key \"retires\" (known keys: confirm, downstream_idempotency_header, fingerprint_field, mcp, messages, name, outcomes, params, poll_after, preview, preview_tool, replay, result_ref, scope, status, status_tool, upstream_retries, upstream_timeout)",
+			"many_problems.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, approval_listen, attestation, drain, grpc_listen, limits, log, messages, operations, security, signing, store, subject, tracing, ttl)",
+			"many_problems.yaml:17:5: operations[0].retires: unknown key \"retires\" (known keys: approval, confirm, downstream_idempotency_header, fingerprint_field, mcp, messages, name, outcomes, params, poll_after, preview, preview_tool, replay, result_ref, scope, status, status_tool, upstream_retries, upstream_timeout)",
 			"many_problems.yaml:6:18: ttl.in_flight: invalid duration \"2 minutes\": use a Go duration such as 250ms, 15m or 72h",
 			"many_problems.yaml:7:22: messages.language: unknown language \"fr\" (known: en, zh)",
 		}},
@@ -169,10 +172,10 @@ func TestBadConfigs(t *testing.T) {
 			"ttl_replay_cache_long.yaml:5:68: ttl.replay_cache: 2h0m0s must not be longer than ttl.terminal (1h0m0s): Redis never needs a record PostgreSQL no longer keeps",
 		}},
 		{file: "unknown_key.yaml", want: []string{
-			"unknown_key.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, attestation, drain, grpc_listen, limits, log, messages, operations, security, signing, store, subject, tracing, ttl)",
+			"unknown_key.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, approval_listen, attestation, drain, grpc_listen, limits, log, messages, operations, security, signing, store, subject, tracing, ttl)",
 		}},
 		{file: "unknown_key_nested.yaml", want: []string{
-			"unknown_key_nested.yaml:14:5: operations[0].retires: unknown key \"retires\" (known keys: confirm, downstream_idempotency_header, fingerprint_field, mcp, messages, name, outcomes, params, poll_after, preview, preview_tool, replay, result_ref, scope, status, status_tool, upstream_retries, upstream_timeout)",
+			"unknown_key_nested.yaml:14:5: operations[0].retires: unknown key \"retires\" (known keys: approval, confirm, downstream_idempotency_header, fingerprint_field, mcp, messages, name, outcomes, params, poll_after, preview, preview_tool, replay, result_ref, scope, status, status_tool, upstream_retries, upstream_timeout)",
 		}},
 		{file: "unknown_language.yaml", want: []string{
 			"unknown_language.yaml:5:22: messages.language: unknown language \"fr\" (known: en, zh)",

@@ -17,12 +17,14 @@ package settings
 // level and store are shared with config.File (store.timeout is the
 // server's).
 type File struct {
-	GRPCListen  string  `yaml:"grpc_listen"`
-	AdminListen string  `yaml:"admin_listen"`
-	Log         Log     `yaml:"log"`
-	Store       Store   `yaml:"store"`
-	Drain       Drain   `yaml:"drain"`
-	Tracing     Tracing `yaml:"tracing"`
+	GRPCListen  string `yaml:"grpc_listen"`
+	AdminListen string `yaml:"admin_listen"`
+	// ApprovalListen serves the approvers' API (DESIGN section 10).
+	ApprovalListen string  `yaml:"approval_listen"`
+	Log            Log     `yaml:"log"`
+	Store          Store   `yaml:"store"`
+	Drain          Drain   `yaml:"drain"`
+	Tracing        Tracing `yaml:"tracing"`
 }
 
 // Log selects the log level (debug|info|warn|error) and format (text|json).

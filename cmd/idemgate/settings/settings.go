@@ -37,7 +37,7 @@ const (
 // sections are idemgate.yaml's top-level keys in the order of its
 // reference: the order problems are listed in.
 var sections = []string{
-	"grpc_listen", "admin_listen", "log", "signing", "attestation", "subject", "store", "ttl",
+	"grpc_listen", "admin_listen", "approval_listen", "log", "signing", "attestation", "subject", "store", "ttl",
 	"limits", "messages", "security", "drain", "tracing", "operations",
 }
 
@@ -75,10 +75,13 @@ type Settings struct {
 	Source      string
 	GRPCListen  string
 	AdminListen string
-	Log         LogSettings
-	Store       StoreSettings
-	Drain       DrainSettings
-	Tracing     TracingSettings
+	// ApprovalListen is where the approvers' API listens (empty: off;
+	// approvals are then decided with idemgate ops approvals only).
+	ApprovalListen string
+	Log            LogSettings
+	Store          StoreSettings
+	Drain          DrainSettings
+	Tracing        TracingSettings
 	// Runtime is what the ext_proc server is given: operations, routes,
 	// envelopes, keys and the settings of request handling.
 	Runtime *config.Runtime
@@ -206,9 +209,18 @@ func Parse(name string, data []byte, baseDir string, opts config.Options) (*Sett
 	if s.GRPCListen == s.AdminListen {
 		ch.Errorf(p("admin_listen"), "must differ from grpc_listen (%s)", s.GRPCListen)
 	}
+	s.approvalListen(ch, f.ApprovalListen, rt)
 	s.Log = c.log(f.Log)
 	s.Store = c.store(f.Store, rt.Store.Timeout)
 	s.Store.ReplayCache = rt.TTL.ReplayCache
+	if s.Store.Backend() == "redis" {
+		for _, op := range rt.Operations {
+			if op.Approval != nil {
+				ch.Warnf(p("operations"), "operation %s needs approvals, which live in PostgreSQL (or the memory store): without PostgreSQL every gated confirm answers temporarily_unavailable", op.Name)
+				break
+			}
+		}
+	}
 	s.Drain = DrainSettings{
 		Period:  ch.Duration(p("drain", "period"), f.Drain.Period, config.DurationRule{Default: DefaultDrainPeriod, AllowZero: true}),
 		Timeout: ch.Duration(p("drain", "timeout"), f.Drain.Timeout, config.DurationRule{Default: DefaultDrainTimeout}),
@@ -452,4 +464,29 @@ func (c *compiler) tracing(t Tracing) TracingSettings {
 	}
 	s.Timeout = c.ch.Duration(p("tracing", "otlp", "timeout"), t.OTLP.Timeout, config.DurationRule{Default: DefaultTracingTimeout})
 	return s
+}
+
+// approvalListen checks approval_listen against the listeners and the
+// operations that need approval.
+func (s *Settings) approvalListen(ch *config.Checker, listen string, rt *config.Runtime) {
+	gated := ""
+	for _, op := range rt.Operations {
+		if op.Approval != nil {
+			gated = op.Name
+			break
+		}
+	}
+	if listen == "" {
+		if gated != "" {
+			ch.Warnf(p("approval_listen"), "operation %s needs approvals but approval_listen is not set: approvals can be decided only with idemgate ops approvals", gated)
+		}
+		return
+	}
+	if _, port, err := net.SplitHostPort(listen); err != nil || port == "" {
+		ch.Errorf(p("approval_listen"), "invalid listen address %q: use host:port or :port", listen)
+	}
+	if listen == s.GRPCListen || listen == s.AdminListen {
+		ch.Errorf(p("approval_listen"), "must differ from grpc_listen (%s) and admin_listen (%s)", s.GRPCListen, s.AdminListen)
+	}
+	s.ApprovalListen = listen
 }

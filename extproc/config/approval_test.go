@@ -1,0 +1,158 @@
+package config
+
+import (
+	"errors"
+	"io/fs"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// approverJWKS is a public Ed25519 key (RFC 8037's example key).
+const approverJWKS = `{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"a1","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}`
+
+func approvalOptions() Options {
+	o := testOptions()
+	o.ReadFile = func(name string) ([]byte, error) {
+		switch name {
+		case "/etc/idemgate/approvers.jwks":
+			return []byte(approverJWKS), nil
+		case "/etc/idemgate/secret.jwks":
+			return []byte(`{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}`), nil
+		}
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
+	}
+	return o
+}
+
+const approvalHead = `
+signing: {active_key: k1, keys: {k1: {env: IDEMGATE_TEST_KEY_K1}}}
+ttl: {terminal: 72h}
+operations:
+  - name: transfer
+    scope: payments.transfer
+    preview: {method: POST, path: /v1/transfers/preview}
+    confirm: {method: POST, path: /v1/transfers/confirm}
+    status: {method: POST, path: /v1/transfers/status}
+    preview_tool: transfer_preview
+    status_tool: transfer_status
+    params: [{path: amount, type: decimal}, currency, payee.account_id]
+`
+
+func TestApprovalBlock(t *testing.T) {
+	rt, warns, err := Parse("approval.yaml", []byte(approvalHead+`    approval:
+      rules:
+        - {param: amount, at_least: "1000.00"}
+      approvers:
+        jwt: {issuer: https://idp.example, audience: idemgate-approvals, jwks_file: /etc/idemgate/approvers.jwks}
+        required: 2
+      ttl: 24h
+`), "", approvalOptions())
+	require.NoError(t, err)
+	require.Empty(t, warns)
+	a := rt.Operations[0].Approval
+	require.NotNil(t, a)
+	require.Equal(t, 2, a.Required)
+	require.True(t, a.DistinctFromRequester, "four eyes unless said otherwise")
+	require.Equal(t, DefaultApproverLeeway, a.Verifier.Leeway)
+	require.Len(t, a.Verifier.Keys.Keys, 1)
+	require.Len(t, a.Rules, 1)
+	r := a.Rules[0]
+	require.Equal(t, 0, r.ParamIndex)
+	for v, want := range map[string]bool{"1000": true, "1000.00": true, "\"1000.000\"": true, "999.99": false, "1000.01": true, "-5000": false, "1e9": true, "abc": true} {
+		require.Equal(t, want, r.Matches(v), v)
+	}
+
+	var b strings.Builder
+	require.NoError(t, rt.WriteSummary(&b, ProcessSummary{}))
+	require.Contains(t, b.String(), "    approval when amount >= 1000.00; 2 approver(s), not the requester; ttl 24h0m0s; tokens iss https://idp.example aud idemgate-approvals from /etc/idemgate/approvers.jwks (leeway 1m0s)\n")
+
+	// Without approval the operation is as before.
+	rt, _, err = Parse("approval.yaml", []byte(approvalHead), "", approvalOptions())
+	require.NoError(t, err)
+	require.Nil(t, rt.Operations[0].Approval)
+
+	// Offline: the JWKS is named, not read.
+	o := approvalOptions()
+	o.Offline = true
+	o.ReadFile = func(string) ([]byte, error) { return nil, errors.New("must not be read") }
+	_, _, err = Parse("approval.yaml", []byte(approvalHead+`    approval:
+      rules: [{param: amount, at_least: "1"}]
+      approvers: {jwt: {issuer: https://idp.example, audience: a, jwks_file: /nowhere.jwks}}
+`), "", o)
+	require.NoError(t, err)
+}
+
+func TestBadApprovalBlocks(t *testing.T) {
+	cases := []struct {
+		name string
+		yaml string
+		want []string
+	}{
+		{"empty", `    approval: {approvers: {jwt: {issuer: https://idp.example, audience: a, jwks_file: /etc/idemgate/approvers.jwks}}}
+`, []string{
+			"approval.yaml:13:16: operations[0].approval.rules: required: at least one rule (an approval block without rules gates nothing)",
+		}},
+		{"unknown key", `    approval:
+      rules:
+        - {param: amount, at_least: "1", in: eur}
+      approvers: {jwt: {issuer: https://idp.example, audience: a, jwks_file: /etc/idemgate/approvers.jwks}}
+`, []string{
+			"approval.yaml:15:42: operations[0].approval.rules[0].in: unknown key \"in\" (known keys: at_least, daily_total, param)",
+		}},
+		{"bad rule values", `    approval:
+      rules:
+        - {param: currency, at_least: "1000"}
+        - {param: memo, at_least: "1,000.00"}
+        - {param: amount}
+        - {daily_total: {param: amount, over: "5000.00", per: [currency]}}
+        - {param: amount, at_least: "1", daily_total: {param: amount, over: "1"}}
+      approvers: {jwt: {issuer: https://idp.example, audience: a, jwks_file: /etc/idemgate/approvers.jwks}}
+`, []string{
+			"approval.yaml:15:19: operations[0].approval.rules[0].param: currency must be bound as {path: currency, type: decimal}: at_least compares exact decimals",
+			"approval.yaml:16:19: operations[0].approval.rules[1].param: memo is not in params: a rule may only read a bound param (an unbound one could change after approval)",
+			"approval.yaml:16:35: operations[0].approval.rules[1].at_least: invalid decimal \"1,000.00\": digits with an optional fraction, e.g. \"1000.00\"",
+			"approval.yaml:17:12: operations[0].approval.rules[2].at_least: required: the smallest amount that needs approval, e.g. \"1000.00\"",
+			"approval.yaml:18:26: operations[0].approval.rules[3].daily_total: daily_total is not supported by this version of idemgate yet: use at_least rules, or remove the rule",
+			"approval.yaml:19:12: operations[0].approval.rules[4]: a rule is either {param, at_least} or {daily_total: {...}}, not both",
+		}},
+		{"approvers", `    approval:
+      rules: [{param: amount, at_least: "1"}]
+      approvers:
+        required: 0
+        jwt: {issuer: idp, leeway: 1h, jwks_file: /etc/idemgate/secret.jwks}
+      ttl: 80h
+`, []string{
+			"approval.yaml:16:19: operations[0].approval.approvers.required: must be 1..10, got 0",
+			"approval.yaml:17:23: operations[0].approval.approvers.jwt.issuer: invalid issuer \"idp\": a URL such as https://idp.example",
+			"approval.yaml:17:15: operations[0].approval.approvers.jwt.audience: required: the aud an approver token must carry (one for idemgate approvals only)",
+			"approval.yaml:17:36: operations[0].approval.approvers.jwt.leeway: 1h0m0s is too long (at most 5m0s): leeway extends every approver token's life",
+			"approval.yaml:17:51: operations[0].approval.approvers.jwt.jwks_file: /etc/idemgate/secret.jwks: JWKS key 0 (kid \"\"): symmetric (HMAC) keys are refused: an approver token must be signed by a key idemgate cannot sign with",
+			"approval.yaml:18:12: operations[0].approval.ttl: ttl.terminal (72h0m0s) must be at least approval.ttl + ttl.in_flight + 1m0s (80h3m0s): a record must outlive every gated fingerprint that can reach it",
+		}},
+		{"no jwt", `    approval:
+      rules: [{param: amount, at_least: "1"}]
+      approvers: {required: 1}
+`, []string{
+			"approval.yaml:15:19: operations[0].approval.approvers.jwt: required: how approvers' bearer tokens are verified ({issuer, audience, jwks_file})",
+		}},
+		{"missing jwks", `    approval:
+      rules: [{param: amount, at_least: "1"}]
+      approvers: {jwt: {issuer: https://idp.example, audience: a, jwks_file: /etc/idemgate/nope.jwks}}
+`, []string{
+			"approval.yaml:15:78: operations[0].approval.approvers.jwt.jwks_file: failed to read JWKS file /etc/idemgate/nope.jwks: file does not exist",
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := Parse("approval.yaml", []byte(approvalHead+tc.yaml), "", approvalOptions())
+			require.Error(t, err)
+			var got []string
+			for _, e := range unjoin(err) {
+				got = append(got, e.Error())
+			}
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
