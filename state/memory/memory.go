@@ -43,8 +43,11 @@ type Options struct {
 type Store struct {
 	mu      sync.Mutex
 	records map[string]*state.Record
-	now     func() time.Time
-	closed  bool
+	// approvals by id, and their ids by nonce (approval.go).
+	approvals    map[string]*state.Approval
+	approvalKeys map[string]string
+	now          func() time.Time
+	closed       bool
 }
 
 var _ state.Store = (*Store)(nil)
@@ -58,7 +61,7 @@ func New(opts Options) *Store {
 	if now == nil {
 		now = time.Now
 	}
-	return &Store{records: make(map[string]*state.Record), now: now}
+	return &Store{records: make(map[string]*state.Record), approvals: map[string]*state.Approval{}, approvalKeys: map[string]string{}, now: now}
 }
 
 func (s *Store) clock() time.Time { return s.now().Truncate(time.Microsecond) }
@@ -114,11 +117,16 @@ func (s *Store) Acquire(ctx context.Context, req state.AcquireRequest) (state.An
 		return state.Answer{}, err
 	}
 	defer s.mu.Unlock()
+	return s.acquireLocked(req, now), nil
+}
+
+// acquireLocked is Acquire with s.mu held.
+func (s *Store) acquireLocked(req state.AcquireRequest, now time.Time) state.Answer {
 	if rec := s.lookup(req.Key, now); rec != nil {
 		if rec.ParamHash != req.ParamHash {
-			return state.Answer{Outcome: state.OutcomeParamMismatch, Record: view(rec, now)}, nil
+			return state.Answer{Outcome: state.OutcomeParamMismatch, Record: view(rec, now)}
 		}
-		return state.Answer{Outcome: state.OutcomeOf(rec.State), Record: view(rec, now)}, nil
+		return state.Answer{Outcome: state.OutcomeOf(rec.State), Record: view(rec, now)}
 	}
 	leaseUntil := now.Add(req.Lease).Truncate(time.Microsecond)
 	rec := &state.Record{
@@ -137,7 +145,7 @@ func (s *Store) Acquire(ctx context.Context, req state.AcquireRequest) (state.An
 		ExpiresAt: maxTime(now.Add(req.Retention).Truncate(time.Microsecond), leaseUntil),
 	}
 	s.records[req.Key] = rec
-	return state.Answer{Outcome: state.OutcomeAcquired, Record: view(rec, now)}, nil
+	return state.Answer{Outcome: state.OutcomeAcquired, Record: view(rec, now)}
 }
 
 func owns(rec *state.Record, c state.Claim) bool {
@@ -353,5 +361,6 @@ func (s *Store) Close() error {
 	defer s.mu.Unlock()
 	s.closed = true
 	s.records = make(map[string]*state.Record)
+	s.approvals, s.approvalKeys = map[string]*state.Approval{}, map[string]string{}
 	return nil
 }

@@ -122,3 +122,20 @@ func TestClosedStoreFails(t *testing.T) {
 	require.ErrorIs(t, err, state.ErrUnavailable)
 	require.ErrorIs(t, err, memory.ErrClosed)
 }
+
+func TestApprovalConformance(t *testing.T) {
+	statetest.RunApprovals(t, func(t *testing.T) statetest.ApprovalStore {
+		s := memory.New(memory.Options{})
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}, statetest.ApprovalOptions{})
+}
+
+func TestApprovalConformanceFakeClock(t *testing.T) {
+	clock := &fakeClock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	statetest.RunApprovals(t, func(t *testing.T) statetest.ApprovalStore {
+		s := memory.New(memory.Options{Now: clock.Now})
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}, statetest.ApprovalOptions{Now: clock.Now, Wait: clock.Advance})
+}

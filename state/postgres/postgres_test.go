@@ -285,3 +285,8 @@ func TestUnreachablePostgresIsUnavailable(t *testing.T) {
 	_, err = New(t.Context(), Options{DSN: "postgres://%zz"})
 	require.ErrorIs(t, err, state.ErrInvalidArgument)
 }
+
+func TestApprovalConformance(t *testing.T) {
+	dsn := newDatabase(t)
+	statetest.RunApprovals(t, func(t *testing.T) statetest.ApprovalStore { return newStore(t, dsn) }, statetest.ApprovalOptions{})
+}

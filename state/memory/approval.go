@@ -1,0 +1,173 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/idemgate/idemgate/state"
+)
+
+// Approvals live with the records under the one mutex, so AcquireApproved
+// creates the record and consumes the approval in one critical section:
+// the memory store's transaction. Approvals are kept for the life of the
+// process (the demo's); they are few and the audit trail must stay.
+
+var _ state.Approvals = (*Store)(nil)
+
+func cloneApproval(a *state.Approval) state.Approval {
+	out := *a
+	out.Params = slices.Clone(a.Params)
+	out.Rules = slices.Clone(a.Rules)
+	out.Events = slices.Clone(a.Events)
+	return out
+}
+
+// lapse marks an open approval past expires_at EXPIRED.
+func lapse(a *state.Approval, now time.Time) {
+	if a.State.Open() && !now.Before(a.ExpiresAt) {
+		a.State = state.ApprovalExpired
+		a.UpdatedAt = now
+		a.Events = append(a.Events, state.ApprovalEvent{Kind: state.EventExpired, Actor: "idemgate", At: now})
+	}
+}
+
+// RequestApproval implements state.Approvals.
+func (s *Store) RequestApproval(ctx context.Context, req state.ApprovalRequest) (state.Approval, bool, error) {
+	if err := req.Validate(); err != nil {
+		return state.Approval{}, false, err
+	}
+	now, err := s.begin(ctx, "request approval")
+	if err != nil {
+		return state.Approval{}, false, err
+	}
+	defer s.mu.Unlock()
+	if id, ok := s.approvalKeys[req.Key]; ok {
+		a := s.approvals[id]
+		lapse(a, now)
+		return cloneApproval(a), false, nil
+	}
+	a := &state.Approval{
+		ID: req.ID, Key: req.Key, Operation: req.Operation, Scope: req.Scope, SubjectTag: req.SubjectTag,
+		Requester: req.Requester, ParamHash: req.ParamHash, Params: slices.Clone(req.Params), Rules: slices.Clone(req.Rules),
+		Required: req.Required, DistinctFromRequester: req.DistinctFromRequester, State: state.ApprovalPending,
+		CreatedAt: now, UpdatedAt: now, ExpiresAt: req.ExpiresAt.Truncate(time.Microsecond),
+		Events: []state.ApprovalEvent{{Kind: state.EventRequested, Actor: req.Requester, ParamHash: req.ParamHash, At: now}},
+	}
+	if _, dup := s.approvals[req.ID]; dup {
+		return state.Approval{}, false, state.Unavailable("request approval", errDuplicateID)
+	}
+	s.approvals[a.ID] = a
+	s.approvalKeys[a.Key] = a.ID
+	return cloneApproval(a), true, nil
+}
+
+// ApprovalByKey implements state.Approvals.
+func (s *Store) ApprovalByKey(ctx context.Context, key string) (state.Approval, bool, error) {
+	if err := state.ValidKey(key); err != nil {
+		return state.Approval{}, false, err
+	}
+	now, err := s.begin(ctx, "read approval")
+	if err != nil {
+		return state.Approval{}, false, err
+	}
+	defer s.mu.Unlock()
+	id, ok := s.approvalKeys[key]
+	if !ok {
+		return state.Approval{}, false, nil
+	}
+	a := s.approvals[id]
+	lapse(a, now)
+	return cloneApproval(a), true, nil
+}
+
+// GetApproval implements state.Approvals.
+func (s *Store) GetApproval(ctx context.Context, id string) (state.Approval, bool, error) {
+	now, err := s.begin(ctx, "read approval")
+	if err != nil {
+		return state.Approval{}, false, err
+	}
+	defer s.mu.Unlock()
+	a, ok := s.approvals[id]
+	if !ok {
+		return state.Approval{}, false, nil
+	}
+	lapse(a, now)
+	return cloneApproval(a), true, nil
+}
+
+// ListApprovals implements state.Approvals.
+func (s *Store) ListApprovals(ctx context.Context, f state.ApprovalFilter) ([]state.Approval, error) {
+	now, err := s.begin(ctx, "list approvals")
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	var out []state.Approval
+	for _, a := range s.approvals {
+		lapse(a, now)
+		if f.State == "" || a.State == f.State {
+			out = append(out, cloneApproval(a))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	if f.Limit > 0 && len(out) > f.Limit {
+		out = out[:f.Limit]
+	}
+	return out, nil
+}
+
+// DecideApproval implements state.Approvals.
+func (s *Store) DecideApproval(ctx context.Context, d state.Decision) (state.DecisionOutcome, state.Approval, error) {
+	if err := d.Validate(); err != nil {
+		return "", state.Approval{}, err
+	}
+	now, err := s.begin(ctx, "decide approval")
+	if err != nil {
+		return "", state.Approval{}, err
+	}
+	defer s.mu.Unlock()
+	a, ok := s.approvals[d.ID]
+	if !ok {
+		return state.DecisionNotFound, state.Approval{}, nil
+	}
+	lapse(a, now)
+	out := state.DecideOn(a, d, now)
+	return out, cloneApproval(a), nil
+}
+
+// AcquireApproved implements state.Approvals.
+func (s *Store) AcquireApproved(ctx context.Context, req state.AcquireRequest, approvalID string) (state.ApprovedAnswer, error) {
+	if err := req.Validate(); err != nil {
+		return state.ApprovedAnswer{}, err
+	}
+	now, err := s.begin(ctx, "acquire approved")
+	if err != nil {
+		return state.ApprovedAnswer{}, err
+	}
+	defer s.mu.Unlock()
+	a, ok := s.approvals[approvalID]
+	if !ok {
+		return state.ApprovedAnswer{}, nil
+	}
+	lapse(a, now)
+	if !state.Grants(a, req) {
+		return state.ApprovedAnswer{Approval: cloneApproval(a)}, nil
+	}
+	ans := s.acquireLocked(req, now)
+	if ans.Outcome == state.OutcomeAcquired {
+		a.State = state.ApprovalConsumed
+		a.UpdatedAt = now
+		a.Events = append(a.Events, state.ApprovalEvent{Kind: state.EventConsumed, Actor: req.Owner, ParamHash: req.ParamHash, At: now})
+	}
+	return state.ApprovedAnswer{Approval: cloneApproval(a), Answer: &ans}, nil
+}
+
+var errDuplicateID = errors.New("approval id already used")

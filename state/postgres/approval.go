@@ -1,0 +1,340 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemgate/idemgate/state"
+)
+
+// Approvals (DESIGN section 10). Every change runs in one transaction that
+// first locks the approval row (SELECT … FOR UPDATE), so decisions and
+// consumption are serialised per approval; AcquireApproved inserts the
+// IN_FLIGHT record and marks the approval CONSUMED in that same
+// transaction, so neither exists without the other. An open approval past
+// expires_at (judged by now()) is marked EXPIRED by the first call that
+// reads it, with its event.
+
+var _ state.Approvals = (*Store)(nil)
+
+const approvalCols = `approval_id, idem_key, operation, scope, subject_tag, requester, param_hash, params, rules,
+	required, distinct_from_requester, state, created_at, updated_at, expires_at`
+
+const (
+	insertApprovalSQL = `INSERT INTO approval (` + approvalCols + `)
+VALUES ($1, $2::char(32), $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, 'PENDING', now(), now(), $12)
+ON CONFLICT (idem_key) DO NOTHING`
+
+	insertEventSQL = `INSERT INTO approval_event (approval_id, kind, actor, reason, param_hash, at)
+VALUES ($1, $2, $3, $4, $5, coalesce($6, now()))`
+
+	selectEventsSQL = `SELECT kind, actor, reason, param_hash, at FROM approval_event
+WHERE approval_id = $1 ORDER BY event_id`
+
+	// lapseSQL marks open approvals past expires_at EXPIRED with their
+	// event; %s is the condition naming which.
+	lapseSQL = `WITH lapsed AS (
+	UPDATE approval SET state = 'EXPIRED', updated_at = now()
+	WHERE %s AND state IN ('PENDING', 'APPROVED') AND expires_at <= now()
+	RETURNING approval_id)
+INSERT INTO approval_event (approval_id, kind, actor) SELECT approval_id, 'expired', 'idemgate' FROM lapsed`
+)
+
+var (
+	lapseByIDSQL  = fmt.Sprintf(lapseSQL, "approval_id = $1")
+	lapseByKeySQL = fmt.Sprintf(lapseSQL, "idem_key = $1::char(32)")
+	lapseAllSQL   = fmt.Sprintf(lapseSQL, "true")
+)
+
+// querier is a pool or a transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func scanApproval(row pgx.Row) (state.Approval, error) {
+	var (
+		a      state.Approval
+		params string
+		rules  []byte
+		st     string
+	)
+	if err := row.Scan(&a.ID, &a.Key, &a.Operation, &a.Scope, &a.SubjectTag, &a.Requester, &a.ParamHash, &params, &rules,
+		&a.Required, &a.DistinctFromRequester, &st, &a.CreatedAt, &a.UpdatedAt, &a.ExpiresAt); err != nil {
+		return state.Approval{}, err
+	}
+	a.Params = []byte(params)
+	a.State = state.ApprovalState(st)
+	if err := json.Unmarshal(rules, &a.Rules); err != nil {
+		return state.Approval{}, fmt.Errorf("approval %s: bad rules: %w", a.ID, err)
+	}
+	return a, nil
+}
+
+func loadEvents(ctx context.Context, q querier, a *state.Approval) error {
+	rows, err := q.Query(ctx, selectEventsSQL, a.ID)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	a.Events = nil
+	for rows.Next() {
+		var e state.ApprovalEvent
+		if err := rows.Scan(&e.Kind, &e.Actor, &e.Reason, &e.ParamHash, &e.At); err != nil {
+			return err
+		}
+		a.Events = append(a.Events, e)
+	}
+	return rows.Err()
+}
+
+// readApproval lapses and reads one approval (where is "approval_id = $1"
+// or "idem_key = $1::char(32)"), with its events; lock adds FOR UPDATE.
+func readApproval(ctx context.Context, q querier, byKey bool, arg string, lock bool) (state.Approval, bool, error) {
+	lapse, where := lapseByIDSQL, "approval_id = $1"
+	if byKey {
+		lapse, where = lapseByKeySQL, "idem_key = $1::char(32)"
+	}
+	if _, err := q.Exec(ctx, lapse, arg); err != nil {
+		return state.Approval{}, false, err
+	}
+	sql := `SELECT ` + approvalCols + ` FROM approval WHERE ` + where
+	if lock {
+		sql += ` FOR UPDATE`
+	}
+	a, err := scanApproval(q.QueryRow(ctx, sql, arg))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return state.Approval{}, false, nil
+	}
+	if err != nil {
+		return state.Approval{}, false, err
+	}
+	if err := loadEvents(ctx, q, &a); err != nil {
+		return state.Approval{}, false, err
+	}
+	return a, true, nil
+}
+
+// inTx runs fn in a transaction, committing when it returns nil.
+func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// RequestApproval implements state.Approvals.
+func (s *Store) RequestApproval(ctx context.Context, req state.ApprovalRequest) (state.Approval, bool, error) {
+	if err := req.Validate(); err != nil {
+		return state.Approval{}, false, err
+	}
+	rules, err := json.Marshal(append([]string{}, req.Rules...))
+	if err != nil {
+		return state.Approval{}, false, err
+	}
+	var (
+		a       state.Approval
+		created bool
+	)
+	err = s.inTx(ctx, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, insertApprovalSQL, req.ID, req.Key, req.Operation, req.Scope, req.SubjectTag, req.Requester,
+			req.ParamHash, string(req.Params), string(rules), req.Required, req.DistinctFromRequester, req.ExpiresAt)
+		if err != nil {
+			return err
+		}
+		if created = tag.RowsAffected() == 1; created {
+			if _, err := tx.Exec(ctx, insertEventSQL, req.ID, state.EventRequested, req.Requester, "", req.ParamHash, nil); err != nil {
+				return err
+			}
+		}
+		var found bool
+		a, found, err = readApproval(ctx, tx, true, req.Key, false)
+		if err == nil && !found {
+			err = errors.New("approval vanished between insert and read")
+		}
+		return err
+	})
+	if err != nil {
+		return state.Approval{}, false, state.Unavailable("request approval in postgres", err)
+	}
+	return a, created, nil
+}
+
+// ApprovalByKey implements state.Approvals.
+func (s *Store) ApprovalByKey(ctx context.Context, key string) (state.Approval, bool, error) {
+	if err := state.ValidKey(key); err != nil {
+		return state.Approval{}, false, err
+	}
+	a, found, err := readApproval(ctx, s.pool, true, key, false)
+	if err != nil {
+		return state.Approval{}, false, state.Unavailable("read approval in postgres", err)
+	}
+	return a, found, nil
+}
+
+// GetApproval implements state.Approvals.
+func (s *Store) GetApproval(ctx context.Context, id string) (state.Approval, bool, error) {
+	a, found, err := readApproval(ctx, s.pool, false, id, false)
+	if err != nil {
+		return state.Approval{}, false, state.Unavailable("read approval in postgres", err)
+	}
+	return a, found, nil
+}
+
+// ListApprovals implements state.Approvals.
+func (s *Store) ListApprovals(ctx context.Context, f state.ApprovalFilter) ([]state.Approval, error) {
+	if _, err := s.pool.Exec(ctx, lapseAllSQL); err != nil {
+		return nil, state.Unavailable("list approvals in postgres", err)
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 1000
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+approvalCols+` FROM approval
+WHERE ($1 = '' OR state = $1) ORDER BY created_at, approval_id LIMIT $2`, string(f.State), limit)
+	if err != nil {
+		return nil, state.Unavailable("list approvals in postgres", err)
+	}
+	var out []state.Approval
+	for rows.Next() {
+		a, err := scanApproval(rows)
+		if err != nil {
+			rows.Close()
+			return nil, state.Unavailable("list approvals in postgres", err)
+		}
+		out = append(out, a)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, state.Unavailable("list approvals in postgres", err)
+	}
+	for i := range out {
+		if err := loadEvents(ctx, s.pool, &out[i]); err != nil {
+			return nil, state.Unavailable("list approvals in postgres", err)
+		}
+	}
+	return out, nil
+}
+
+// DecideApproval implements state.Approvals: the rules (state.DecideOn)
+// run on the row locked for the transaction.
+func (s *Store) DecideApproval(ctx context.Context, d state.Decision) (state.DecisionOutcome, state.Approval, error) {
+	if err := d.Validate(); err != nil {
+		return "", state.Approval{}, err
+	}
+	var (
+		out state.DecisionOutcome
+		a   state.Approval
+	)
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var found bool
+		var err error
+		a, found, err = readApproval(ctx, tx, false, d.ID, true)
+		if err != nil {
+			return err
+		}
+		if !found {
+			out = state.DecisionNotFound
+			return nil
+		}
+		before, was := len(a.Events), a.State
+		var now time.Time
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+			return err
+		}
+		out = state.DecideOn(&a, d, now)
+		for _, e := range a.Events[before:] {
+			if _, err := tx.Exec(ctx, insertEventSQL, a.ID, e.Kind, e.Actor, e.Reason, e.ParamHash, e.At); err != nil {
+				return err
+			}
+		}
+		if a.State != was || len(a.Events) != before {
+			if _, err := tx.Exec(ctx, `UPDATE approval SET state = $2, updated_at = now() WHERE approval_id = $1`, a.ID, string(a.State)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return "", state.Approval{}, state.Unavailable("decide approval in postgres", err)
+	}
+	return out, a, nil
+}
+
+// AcquireApproved implements state.Approvals: the approval row is locked,
+// checked, the record inserted and the approval consumed in one
+// transaction.
+func (s *Store) AcquireApproved(ctx context.Context, req state.AcquireRequest, approvalID string) (state.ApprovedAnswer, error) {
+	if err := req.Validate(); err != nil {
+		return state.ApprovedAnswer{}, err
+	}
+	var out state.ApprovedAnswer
+	raced := false
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		a, found, err := readApproval(ctx, tx, false, approvalID, true)
+		if err != nil || !found {
+			return err
+		}
+		out.Approval = a
+		if !state.Grants(&a, req) {
+			return nil
+		}
+		var inserted bool
+		rec, err := scanRecord(tx.QueryRow(ctx, acquireSQL, req.Key, req.Scope, req.SubjectTag, req.ParamHash, req.Owner,
+			micros(req.Lease), micros(req.Retention)), &inserted)
+		if errors.Is(err, pgx.ErrNoRows) {
+			raced = true // a concurrent insert committed after the snapshot
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		ans := state.Answer{Outcome: state.OutcomeOf(rec.State), Record: rec}
+		switch {
+		case inserted:
+			ans.Outcome = state.OutcomeAcquired
+			if _, err := tx.Exec(ctx, `UPDATE approval SET state = 'CONSUMED', updated_at = now() WHERE approval_id = $1`, a.ID); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, insertEventSQL, a.ID, state.EventConsumed, req.Owner, "", req.ParamHash, nil); err != nil {
+				return err
+			}
+			if err := loadEvents(ctx, tx, &out.Approval); err != nil {
+				return err
+			}
+			out.Approval.State = state.ApprovalConsumed
+		case rec.ParamHash != req.ParamHash:
+			ans.Outcome = state.OutcomeParamMismatch
+		}
+		out.Answer = &ans
+		return nil
+	})
+	if err != nil {
+		return state.ApprovedAnswer{}, state.Unavailable("acquire approved in postgres", err)
+	}
+	if raced {
+		// Nothing was consumed; what is there answers.
+		rec, found, err := s.get(ctx, req.Key)
+		if err != nil || !found {
+			return state.ApprovedAnswer{}, state.Unavailable("acquire approved in postgres", errors.Join(err, errors.New("record vanished after an insert conflict")))
+		}
+		ans := state.Answer{Outcome: state.OutcomeOf(rec.State), Record: rec}
+		if rec.ParamHash != req.ParamHash {
+			ans.Outcome = state.OutcomeParamMismatch
+		}
+		out.Answer = &ans
+	}
+	return out, nil
+}

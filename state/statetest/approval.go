@@ -1,0 +1,454 @@
+package statetest
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgate/idemgate/state"
+)
+
+// ApprovalStore is a backend that keeps records and approvals.
+type ApprovalStore interface {
+	state.Store
+	state.Approvals
+}
+
+// ApprovalOptions tunes RunApprovals.
+type ApprovalOptions struct {
+	// Now is the backend's clock as the test can read it (time.Now when
+	// nil); Wait lets at least d pass on it (time.Sleep when nil).
+	Now  func() time.Time
+	Wait func(d time.Duration)
+	// Short is the life of an approval a test waits out (300ms when zero).
+	Short time.Duration
+}
+
+// RunApprovals is the conformance suite of state.Approvals (DESIGN section
+// 10): memory, postgres and tiered run it.
+func RunApprovals(t *testing.T, newStore func(t *testing.T) ApprovalStore, opts ApprovalOptions) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Wait == nil {
+		opts.Wait = time.Sleep
+	}
+	if opts.Short == 0 {
+		opts.Short = 300 * time.Millisecond
+	}
+	s := &approvalSuite{opts: opts}
+	for _, tc := range []struct {
+		name string
+		fn   func(t *testing.T, st ApprovalStore)
+	}{
+		{"OnePerNonce", s.onePerNonce},
+		{"SelfApprovalRefused", s.selfApproval},
+		{"RequesterMayDeny", s.requesterMayDeny},
+		{"RequiredDistinctApprovers", s.requiredDistinct},
+		{"DeniedNeverExecutes", s.deniedNeverExecutes},
+		{"PendingNeverExecutes", s.pendingNeverExecutes},
+		{"ConsumedOnceWithTheRecord", s.consumedOnce},
+		{"FailedDoesNotFreeIt", s.failedDoesNotFree},
+		{"NotForAnotherNonce", s.notForAnotherNonce},
+		{"NotForOtherParams", s.notForOtherParams},
+		{"ExistingRecordConsumesNothing", s.existingRecord},
+		{"Lapses", s.lapses},
+		{"ConcurrentConsume", s.concurrentConsume},
+		{"ConcurrentApprovers", s.concurrentApprovers},
+		{"List", s.list},
+		{"InvalidArguments", s.invalidArguments},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
+	}
+}
+
+type approvalSuite struct{ opts ApprovalOptions }
+
+// request is an approval of a fresh nonce by requester "req", one approver
+// needed, four eyes, an hour to live.
+func (s *approvalSuite) request(key string) state.ApprovalRequest {
+	return state.ApprovalRequest{
+		ID: state.NewApprovalID(), Key: key, Operation: "transfer", Scope: "payments.transfer", SubjectTag: "subj-tag-1",
+		Requester: "req", ParamHash: "ph-1", Params: []byte(`{"amount":"1500.00","currency":"EUR"}`),
+		Rules: []string{"amount >= 1000.00"}, Required: 1, DistinctFromRequester: true,
+		ExpiresAt: s.opts.Now().Add(time.Hour),
+	}
+}
+
+func create(t *testing.T, st ApprovalStore, req state.ApprovalRequest) state.Approval {
+	t.Helper()
+	a, created, err := st.RequestApproval(ctxT(t), req)
+	require.NoError(t, err)
+	require.True(t, created)
+	return a
+}
+
+func decide(t *testing.T, st ApprovalStore, id, who string, approve bool) (state.DecisionOutcome, state.Approval) {
+	t.Helper()
+	out, a, err := st.DecideApproval(ctxT(t), state.Decision{ID: id, Approver: who, Approve: approve, Reason: "checked with " + who})
+	require.NoError(t, err)
+	return out, a
+}
+
+// approved creates an approval of key approved by "alice".
+func (s *approvalSuite) approved(t *testing.T, st ApprovalStore, key string) state.Approval {
+	t.Helper()
+	a := create(t, st, s.request(key))
+	out, a := decide(t, st, a.ID, "alice", true)
+	require.Equal(t, state.DecisionRecorded, out)
+	require.Equal(t, state.ApprovalApproved, a.State)
+	return a
+}
+
+func kinds(a state.Approval) []string {
+	var out []string
+	for _, e := range a.Events {
+		out = append(out, e.Kind)
+	}
+	return out
+}
+
+func requireNoRecord(t *testing.T, st ApprovalStore, key string) {
+	t.Helper()
+	_, found, err := st.Get(ctxT(t), key)
+	require.NoError(t, err)
+	require.False(t, found, "no record may exist")
+}
+
+func (s *approvalSuite) onePerNonce(t *testing.T, st ApprovalStore) {
+	key := NewKey(t)
+	req := s.request(key)
+	a := create(t, st, req)
+	require.Equal(t, state.ApprovalPending, a.State)
+	require.Equal(t, req.ID, a.ID)
+	require.Equal(t, key, a.Key)
+	require.Equal(t, "req", a.Requester)
+	require.JSONEq(t, string(req.Params), string(a.Params))
+	require.Equal(t, []string{"amount >= 1000.00"}, a.Rules)
+	require.Equal(t, []string{state.EventRequested}, kinds(a))
+	require.WithinDuration(t, req.ExpiresAt, a.ExpiresAt, time.Millisecond)
+
+	again := s.request(key)
+	b, created, err := st.RequestApproval(ctxT(t), again)
+	require.NoError(t, err)
+	require.False(t, created, "a second request for the nonce returns the first")
+	require.Equal(t, a.ID, b.ID)
+	require.Len(t, b.Events, 1)
+
+	got, found, err := st.ApprovalByKey(ctxT(t), key)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, a.ID, got.ID)
+	got, found, err = st.GetApproval(ctxT(t), a.ID)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, key, got.Key)
+	_, found, err = st.ApprovalByKey(ctxT(t), NewKey(t))
+	require.NoError(t, err)
+	require.False(t, found)
+	_, found, err = st.GetApproval(ctxT(t), state.NewApprovalID())
+	require.NoError(t, err)
+	require.False(t, found)
+	requireNoRecord(t, st, key)
+}
+
+func (s *approvalSuite) selfApproval(t *testing.T, st ApprovalStore) {
+	a := create(t, st, s.request(NewKey(t)))
+	out, got := decide(t, st, a.ID, "req", true)
+	require.Equal(t, state.DecisionSelfApproval, out)
+	require.Equal(t, state.ApprovalPending, got.State)
+	require.Equal(t, []string{state.EventRequested}, kinds(got), "a refused decision records nothing")
+
+	// Without four eyes the requester may approve.
+	req := s.request(NewKey(t))
+	req.DistinctFromRequester = false
+	b := create(t, st, req)
+	out, got = decide(t, st, b.ID, "req", true)
+	require.Equal(t, state.DecisionRecorded, out)
+	require.Equal(t, state.ApprovalApproved, got.State)
+}
+
+func (s *approvalSuite) requesterMayDeny(t *testing.T, st ApprovalStore) {
+	a := create(t, st, s.request(NewKey(t)))
+	out, got := decide(t, st, a.ID, "req", false)
+	require.Equal(t, state.DecisionRecorded, out)
+	require.Equal(t, state.ApprovalDenied, got.State)
+	last := got.Events[len(got.Events)-1]
+	require.Equal(t, state.EventDenied, last.Kind)
+	require.Equal(t, "req", last.Actor)
+	require.Equal(t, "checked with req", last.Reason)
+	require.Equal(t, "ph-1", last.ParamHash, "the decision records the hash of the params shown")
+}
+
+func (s *approvalSuite) requiredDistinct(t *testing.T, st ApprovalStore) {
+	req := s.request(NewKey(t))
+	req.Required = 2
+	a := create(t, st, req)
+	out, got := decide(t, st, a.ID, "alice", true)
+	require.Equal(t, state.DecisionRecorded, out)
+	require.Equal(t, state.ApprovalPending, got.State)
+	out, got = decide(t, st, a.ID, "alice", true)
+	require.Equal(t, state.DecisionRepeated, out, "an approver counts once")
+	require.Equal(t, state.ApprovalPending, got.State)
+	require.Equal(t, []string{"alice"}, got.Approvers())
+	out, got = decide(t, st, a.ID, "bob", true)
+	require.Equal(t, state.DecisionRecorded, out)
+	require.Equal(t, state.ApprovalApproved, got.State)
+	require.Equal(t, []string{"alice", "bob"}, got.Approvers())
+	out, _ = decide(t, st, a.ID, "alice", true)
+	require.Equal(t, state.DecisionRepeated, out)
+	out, got = decide(t, st, a.ID, "carol", true)
+	require.Equal(t, state.DecisionNotPending, out)
+	require.Equal(t, []string{state.EventRequested, state.EventApproved, state.EventApproved}, kinds(got))
+	out, got = decide(t, st, a.ID, "carol", false)
+	require.Equal(t, state.DecisionNotPending, out, "an approved approval is not denied afterwards")
+	require.Equal(t, state.ApprovalApproved, got.State)
+	out, _ = decide(t, st, state.NewApprovalID(), "carol", true)
+	require.Equal(t, state.DecisionNotFound, out)
+}
+
+func (s *approvalSuite) deniedNeverExecutes(t *testing.T, st ApprovalStore) {
+	key := NewKey(t)
+	req := s.request(key)
+	req.Required = 2
+	a := create(t, st, req)
+	decide(t, st, a.ID, "alice", true)
+	out, got := decide(t, st, a.ID, "bob", false)
+	require.Equal(t, state.DecisionRecorded, out, "one deny decides")
+	require.Equal(t, state.ApprovalDenied, got.State)
+	out, _ = decide(t, st, a.ID, "carol", true)
+	require.Equal(t, state.DecisionNotPending, out)
+	ans, err := st.AcquireApproved(ctxT(t), AcquireRequest(key, "o1"), a.ID)
+	require.NoError(t, err)
+	require.Nil(t, ans.Answer)
+	require.Equal(t, state.ApprovalDenied, ans.Approval.State)
+	requireNoRecord(t, st, key)
+}
+
+func (s *approvalSuite) pendingNeverExecutes(t *testing.T, st ApprovalStore) {
+	key := NewKey(t)
+	a := create(t, st, s.request(key))
+	ans, err := st.AcquireApproved(ctxT(t), AcquireRequest(key, "o1"), a.ID)
+	require.NoError(t, err)
+	require.Nil(t, ans.Answer)
+	require.Equal(t, state.ApprovalPending, ans.Approval.State)
+	requireNoRecord(t, st, key)
+	ans, err = st.AcquireApproved(ctxT(t), AcquireRequest(key, "o1"), state.NewApprovalID())
+	require.NoError(t, err)
+	require.Nil(t, ans.Answer, "an unknown approval grants nothing")
+	requireNoRecord(t, st, key)
+}
+
+func (s *approvalSuite) consumedOnce(t *testing.T, st ApprovalStore) {
+	key := NewKey(t)
+	a := s.approved(t, st, key)
+	ans, err := st.AcquireApproved(ctxT(t), AcquireRequest(key, "o1"), a.ID)
+	require.NoError(t, err)
+	require.NotNil(t, ans.Answer)
+	RequireOutcome(t, state.OutcomeAcquired, *ans.Answer, nil)
+	require.Equal(t, state.ApprovalConsumed, ans.Approval.State)
+	require.Equal(t, []string{state.EventRequested, state.EventApproved, state.EventConsumed}, kinds(ans.Approval))
+	rec, found, err := st.Get(ctxT(t), key)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, state.InFlight, rec.State)
+	require.Equal(t, "o1", rec.Owner)
+
+	got, _, err := st.GetApproval(ctxT(t), a.ID)
+	require.NoError(t, err)
+	require.Equal(t, state.ApprovalConsumed, got.State)
+
+	ans, err = st.AcquireApproved(ctxT(t), AcquireRequest(key, "o2"), a.ID)
+	require.NoError(t, err)
+	require.Nil(t, ans.Answer, "a consumed approval grants nothing again")
+	rec, _, err = st.Get(ctxT(t), key)
+	require.NoError(t, err)
+	require.Equal(t, "o1", rec.Owner)
+}
+
+func (s *approvalSuite) failedDoesNotFree(t *testing.T, st ApprovalStore) {
+	for _, end := range []string{"failed", "unknown"} {
+		t.Run(end, func(t *testing.T) {
+			key := NewKey(t)
+			a := s.approved(t, st, key)
+			ans, err := st.AcquireApproved(ctxT(t), AcquireRequest(key, "o1"), a.ID)
+			require.NoError(t, err)
+			RequireOutcome(t, state.OutcomeAcquired, *ans.Answer, nil)
+			claim := state.Claim{Key: key, Owner: "o1", Fence: 1}
+			if end == "failed" {
+				c, err := st.Complete(ctxT(t), claim, failedCompletion())
+				RequireOutcome(t, state.OutcomeOK, c, err)
+			} else {
+				c, err := st.MarkUnknown(ctxT(t), claim)
+				RequireOutcome(t, state.OutcomeOK, c, err)
+			}
+			got, _, err := st.GetApproval(ctxT(t), a.ID)
+			require.NoError(t, err)
+			require.Equal(t, state.ApprovalConsumed, got.State)
+			ans, err = st.AcquireApproved(ctxT(t), AcquireRequest(key, "o2"), a.ID)
+			require.NoError(t, err)
+			require.Nil(t, ans.Answer)
+			out, _ := decide(t, st, a.ID, "bob", true)
+			require.Equal(t, state.DecisionNotPending, out)
+		})
+	}
+}
+
+func (s *approvalSuite) notForAnotherNonce(t *testing.T, st ApprovalStore) {
+	key, other := NewKey(t), NewKey(t)
+	a := s.approved(t, st, key)
+	ans, err := st.AcquireApproved(ctxT(t), AcquireRequest(other, "o1"), a.ID)
+	require.NoError(t, err)
+	require.Nil(t, ans.Answer, "an approval is for its own nonce only")
+	require.Equal(t, state.ApprovalApproved, ans.Approval.State)
+	requireNoRecord(t, st, other)
+	// Its own nonce still may.
+	ans, err = st.AcquireApproved(ctxT(t), AcquireRequest(key, "o1"), a.ID)
+	require.NoError(t, err)
+	RequireOutcome(t, state.OutcomeAcquired, *ans.Answer, nil)
+}
+
+func (s *approvalSuite) notForOtherParams(t *testing.T, st ApprovalStore) {
+	key := NewKey(t)
+	a := s.approved(t, st, key)
+	req := AcquireRequest(key, "o1")
+	req.ParamHash = "ph-other"
+	ans, err := st.AcquireApproved(ctxT(t), req, a.ID)
+	require.NoError(t, err)
+	require.Nil(t, ans.Answer, "an approval does not survive a params change")
+	require.Equal(t, state.ApprovalApproved, ans.Approval.State)
+	requireNoRecord(t, st, key)
+}
+
+func (s *approvalSuite) existingRecord(t *testing.T, st ApprovalStore) {
+	key := NewKey(t)
+	a := s.approved(t, st, key)
+	first, err := st.Acquire(ctxT(t), AcquireRequest(key, "o0"))
+	RequireOutcome(t, state.OutcomeAcquired, first, err)
+	ans, err := st.AcquireApproved(ctxT(t), AcquireRequest(key, "o1"), a.ID)
+	require.NoError(t, err)
+	require.NotNil(t, ans.Answer)
+	RequireOutcome(t, state.OutcomeInFlight, *ans.Answer, nil)
+	require.Equal(t, state.ApprovalApproved, ans.Approval.State, "nothing was created, so nothing is consumed")
+}
+
+func (s *approvalSuite) lapses(t *testing.T, st ApprovalStore) {
+	pending := s.request(NewKey(t))
+	pending.ExpiresAt = s.opts.Now().Add(s.opts.Short)
+	p := create(t, st, pending)
+	granted := s.request(NewKey(t))
+	granted.ExpiresAt = s.opts.Now().Add(s.opts.Short)
+	g := create(t, st, granted)
+	out, got := decide(t, st, g.ID, "alice", true)
+	require.Equal(t, state.DecisionRecorded, out)
+	require.Equal(t, state.ApprovalApproved, got.State)
+	s.opts.Wait(s.opts.Short + 50*time.Millisecond)
+
+	got, found, err := st.GetApproval(ctxT(t), p.ID)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, state.ApprovalExpired, got.State)
+	require.Equal(t, []string{state.EventRequested, state.EventExpired}, kinds(got))
+	out, _ = decide(t, st, p.ID, "alice", true)
+	require.Equal(t, state.DecisionNotPending, out)
+
+	ans, err := st.AcquireApproved(ctxT(t), AcquireRequest(granted.Key, "o1"), g.ID)
+	require.NoError(t, err)
+	require.Nil(t, ans.Answer, "a lapsed approval grants nothing")
+	require.Equal(t, state.ApprovalExpired, ans.Approval.State)
+	requireNoRecord(t, st, granted.Key)
+	got, _, err = st.ApprovalByKey(ctxT(t), granted.Key)
+	require.NoError(t, err)
+	require.Equal(t, []string{state.EventRequested, state.EventApproved, state.EventExpired}, kinds(got), "expired once")
+}
+
+func (s *approvalSuite) concurrentConsume(t *testing.T, st ApprovalStore) {
+	key := NewKey(t)
+	a := s.approved(t, st, key)
+	const n = 16
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		acquired int
+		errs     []error
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ans, err := st.AcquireApproved(ctxT(t), AcquireRequest(key, "o"+string(rune('a'+i))), a.ID)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			if ans.Answer != nil && ans.Answer.Outcome == state.OutcomeAcquired {
+				acquired++
+			}
+		}()
+	}
+	wg.Wait()
+	require.Empty(t, errs)
+	require.Equal(t, 1, acquired)
+	got, _, err := st.GetApproval(ctxT(t), a.ID)
+	require.NoError(t, err)
+	require.Equal(t, []string{state.EventRequested, state.EventApproved, state.EventConsumed}, kinds(got))
+}
+
+func (s *approvalSuite) concurrentApprovers(t *testing.T, st ApprovalStore) {
+	req := s.request(NewKey(t))
+	req.Required = 2
+	a := create(t, st, req)
+	var wg sync.WaitGroup
+	for _, who := range []string{"a", "b", "c", "d", "e", "f", "a", "b"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, err := st.DecideApproval(ctxT(t), state.Decision{ID: a.ID, Approver: who, Approve: true, Reason: "ok"})
+			require.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+	got, _, err := st.GetApproval(ctxT(t), a.ID)
+	require.NoError(t, err)
+	require.Equal(t, state.ApprovalApproved, got.State)
+	require.Len(t, got.Approvers(), 2, "exactly the required number of distinct approvals is recorded")
+	require.Len(t, got.Events, 3)
+}
+
+func (s *approvalSuite) list(t *testing.T, st ApprovalStore) {
+	p := create(t, st, s.request(NewKey(t)))
+	g := s.approved(t, st, NewKey(t))
+	all, err := st.ListApprovals(ctxT(t), state.ApprovalFilter{})
+	require.NoError(t, err)
+	ids := map[string]state.ApprovalState{}
+	for _, a := range all {
+		ids[a.ID] = a.State
+	}
+	require.Equal(t, state.ApprovalPending, ids[p.ID])
+	require.Equal(t, state.ApprovalApproved, ids[g.ID])
+	pending, err := st.ListApprovals(ctxT(t), state.ApprovalFilter{State: state.ApprovalPending})
+	require.NoError(t, err)
+	for _, a := range pending {
+		require.Equal(t, state.ApprovalPending, a.State)
+		require.NotEqual(t, g.ID, a.ID)
+	}
+}
+
+func (s *approvalSuite) invalidArguments(t *testing.T, st ApprovalStore) {
+	bad := s.request("nope")
+	_, _, err := st.RequestApproval(ctxT(t), bad)
+	require.ErrorIs(t, err, state.ErrInvalidArgument)
+	bad = s.request(NewKey(t))
+	bad.ID = "not-an-id"
+	_, _, err = st.RequestApproval(ctxT(t), bad)
+	require.ErrorIs(t, err, state.ErrInvalidArgument)
+	a := create(t, st, s.request(NewKey(t)))
+	_, _, err = st.DecideApproval(ctxT(t), state.Decision{ID: a.ID, Approver: "alice", Approve: true, Reason: "  "})
+	require.ErrorIs(t, err, state.ErrInvalidArgument, "a decision needs a reason")
+	_, _, err = st.DecideApproval(ctxT(t), state.Decision{ID: a.ID, Approve: true, Reason: "ok"})
+	require.ErrorIs(t, err, state.ErrInvalidArgument)
+}
