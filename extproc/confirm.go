@@ -107,6 +107,9 @@ func (ex *exchange) confirmRequest(body []byte, headersOnly bool) (*extprocv3.Pr
 	if selectErr != nil {
 		return ex.invalidParams(selectErr, claims), true
 	}
+	if ex.op.Approval != nil {
+		return ex.gatedConfirm(claims, params, headersOnly)
+	}
 	return ex.acquire(claims, headersOnly)
 }
 

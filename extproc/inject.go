@@ -11,6 +11,9 @@ import (
 type field struct {
 	name  string
 	value string
+	// raw: value is JSON written as is (approval_required: true), not a
+	// string.
+	raw bool
 }
 
 // injectFieldsInto sets fields (as JSON strings) at the top level of the JSON
@@ -100,7 +103,11 @@ func spliceFields(dst, body []byte, fields ...field) []byte {
 		}
 		out = envelope.AppendString(out, f.name)
 		out = append(out, ':')
-		out = envelope.AppendString(out, f.value)
+		if f.raw {
+			out = append(out, f.value...)
+		} else {
+			out = envelope.AppendString(out, f.value)
+		}
 	}
 	out = append(out, body[closeAt:]...)
 	return out

@@ -8,7 +8,7 @@ import (
 )
 
 func TestInjectFields(t *testing.T) {
-	fp := []field{{"fingerprint", "tok"}, {"fingerprint_expires_at", "2030-01-01T00:00:00Z"}}
+	fp := []field{{name: "fingerprint", value: "tok"}, {name: "fingerprint_expires_at", value: "2030-01-01T00:00:00Z"}}
 	for _, tc := range []struct {
 		name string
 		body string
@@ -48,7 +48,7 @@ func FuzzInjectFields(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		out, ok := injectFieldsInto(nil, body, field{"fingerprint", "v"}, field{"fingerprint_expires_at", "e"})
+		out, ok := injectFieldsInto(nil, body, field{name: "fingerprint", value: "v"}, field{name: "fingerprint_expires_at", value: "e"})
 		if !ok {
 			return
 		}

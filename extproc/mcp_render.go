@@ -58,7 +58,9 @@ func (ex *exchange) mcpEnvelope(msg envelope.Message, originalStatus int, x enve
 	_ = json.Unmarshal(r.Body, &text)
 
 	content := [][]byte{appendTextBlock(nil, text.Meaning+"\n\n"+text.Instruction)}
-	isError := r.HTTPStatus >= 400
+	// approval_pending (202) is not a result either: the operation did not
+	// run (DESIGN section 10: isError for every approval answer but granted).
+	isError := r.HTTPStatus >= 400 || msg == envelope.ApprovalPending
 	if replay {
 		isError = msg == envelope.AlreadyFailed
 		if blocks, ok := arrayElements(memberOf(origResult, "content")); ok {

@@ -212,10 +212,13 @@ func (ex *exchange) mcpInjectPreview(msg []byte) ([]byte, bool) {
 	sc := member(rm, "structuredContent")
 	switch _, isObject := scanMembers(sc); {
 	case sc == nil || string(bytes.TrimSpace(sc)) == "null":
-		set = append(set, rawSet{"structuredContent", editObject([]byte("{}"), nil,
-			rawSet{op.FingerprintField, envelope.AppendString(nil, token)}, rawSet{op.ExpiresAtField, envelope.AppendString(nil, expires)})})
+		members := []rawSet{{op.FingerprintField, envelope.AppendString(nil, token)}, {op.ExpiresAtField, envelope.AppendString(nil, expires)}}
+		if ex.approvalRequired() {
+			members = append(members, rawSet{"approval_required", []byte("true")})
+		}
+		set = append(set, rawSet{"structuredContent", editObject([]byte("{}"), nil, members...)})
 	case isObject:
-		set = append(set, rawSet{"structuredContent", spliceFields(nil, sc, field{op.FingerprintField, token}, field{op.ExpiresAtField, expires})})
+		set = append(set, rawSet{"structuredContent", spliceFields(nil, sc, ex.previewFields(token, expires)...)})
 	default:
 		// An array or scalar has no room for members: the text block carries it.
 	}

@@ -28,6 +28,9 @@ type Metrics struct {
 	passthrough        prometheus.Counter
 	webhook            *prometheus.CounterVec
 	ready              prometheus.Gauge
+	// approvals counts approval transitions by operation (requested and
+	// consumed here; decisions in the approvers' API).
+	approvals *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -82,9 +85,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemgate_ready",
 			Help: "1 while the required store answers and the process is not draining.",
 		}),
+		approvals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_approval_transitions_total",
+			Help: "Approval transitions of gated confirms by operation: requested, consumed.",
+		}, []string{"operation", "transition"}),
 	}
 	reg.MustRegister(m.decisions, m.storeLatency, m.fallbacks, m.securityEvents, m.openStreams,
-		m.panics, m.notOwner, m.settlements, m.backgroundAbandons, m.passthrough, m.webhook, m.ready)
+		m.panics, m.notOwner, m.settlements, m.backgroundAbandons, m.passthrough, m.webhook, m.ready, m.approvals)
 	return m
 }
 

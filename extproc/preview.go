@@ -79,7 +79,7 @@ func (ex *exchange) previewResponseBody(body []byte) (*extprocv3.ProcessingRespo
 	r.setHeader(hdrFingerprint, []byte(token))
 	expires := expiresAt.Format(time.RFC3339)
 	buf := ex.buffer()
-	out, ok := injectFieldsInto(*buf, body, field{ex.op.FingerprintField, token}, field{ex.op.ExpiresAtField, expires})
+	out, ok := injectFieldsInto(*buf, body, ex.previewFields(token, expires)...)
 	if !ok {
 		ex.logger().Warn("preview response body is not a JSON object; the fingerprint is sent in the Idempotency-Fingerprint header only",
 			"content_length", len(body))
@@ -104,6 +104,31 @@ func (ex *exchange) sign() (string, time.Time, error) {
 		Scope:   ex.op.Scope,
 		Params:  ex.params,
 		Nonce:   nonce,
-		Expiry:  ex.srv.now().Add(ex.srv.cfg.TTL.Fingerprint),
+		Expiry:  ex.srv.now().Add(ex.fingerprintTTL()),
 	})
+}
+
+// approvalRequired reports whether the previewed params fire an at_least
+// rule of the operation's approval (DESIGN section 10): the fingerprint
+// then lives approval.ttl, and the preview says approval_required.
+func (ex *exchange) approvalRequired() bool {
+	return ex.op.Approval != nil && len(ex.firedRules(ex.params)) > 0
+}
+
+// fingerprintTTL is ttl.fingerprint, or approval.ttl for a preview that
+// will need approval.
+func (ex *exchange) fingerprintTTL() time.Duration {
+	if ex.approvalRequired() {
+		return ex.op.Approval.TTL
+	}
+	return ex.srv.cfg.TTL.Fingerprint
+}
+
+// previewFields are the members a preview's JSON object gets.
+func (ex *exchange) previewFields(token, expires string) []field {
+	fs := []field{{name: ex.op.FingerprintField, value: token}, {name: ex.op.ExpiresAtField, value: expires}}
+	if ex.approvalRequired() {
+		fs = append(fs, field{name: "approval_required", value: "true", raw: true})
+	}
+	return fs
 }

@@ -57,23 +57,28 @@ type Options struct {
 	// Tracer, when set, traces every guarded stream (tracing.go); nil
 	// means no tracing at all.
 	Tracer trace.Tracer
+	// Approvals keeps the approvals of gated confirms (DESIGN section 10):
+	// PostgreSQL's, or the memory store's. Nil (Redis alone): every
+	// confirm that may need approval answers temporarily_unavailable.
+	Approvals state.Approvals
 }
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 
-	cfg      *config.Runtime
-	store    state.Store
-	log      *slog.Logger
-	metrics  *Metrics
-	security SecurityReporter
-	now      func() time.Time
-	instance string
-	owners   atomic.Uint64
-	abandons *abandoner
-	buffers  bufferPool
-	tracer   trace.Tracer
+	cfg       *config.Runtime
+	store     state.Store
+	approvals state.Approvals
+	log       *slog.Logger
+	metrics   *Metrics
+	security  SecurityReporter
+	now       func() time.Time
+	instance  string
+	owners    atomic.Uint64
+	abandons  *abandoner
+	buffers   bufferPool
+	tracer    trace.Tracer
 	// mcpTexts are the rendered MCP texts of each MCP operation.
 	mcpTexts map[*config.Operation]envelope.MCPText
 
@@ -89,13 +94,6 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	if opts.Store == nil {
 		return nil, errors.New("extproc: store is required")
-	}
-	for _, op := range opts.Config.Operations {
-		// Refused until confirms wait for approvals: an approval block that
-		// is not enforced would let gated confirms execute unapproved.
-		if op.Approval != nil {
-			return nil, fmt.Errorf("extproc: operation %s has an approval block, which this server does not enforce yet", op.Name)
-		}
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -120,6 +118,7 @@ func NewServer(opts Options) (*Server, error) {
 		abandons:     newAbandoner(opts.Store, opts.Config.Store.Timeout, opts.Logger, opts.Metrics),
 		cfg:          opts.Config,
 		store:        opts.Store,
+		approvals:    opts.Approvals,
 		log:          opts.Logger,
 		metrics:      opts.Metrics,
 		security:     opts.Security,

@@ -29,6 +29,9 @@ func (ex *exchange) statusRequest(body []byte, _ bool) (*extprocv3.ProcessingRes
 		return failed, true
 	}
 	if !found {
+		if resp, ok := ex.approvalStatus(claims.Nonce); ok {
+			return resp, true
+		}
 		return ex.envelope(envelope.StatusNotStarted, 0, envelope.Extra{}), true
 	}
 	switch rec.State {

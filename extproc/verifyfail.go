@@ -41,6 +41,9 @@ func (ex *exchange) expired(token string, expect fingerprint.Expect) (*extprocv3
 		return failed, true
 	}
 	if !found {
+		if resp, ok := ex.approvalAnswerAfterExpiry(claims.Nonce); ok {
+			return resp, true
+		}
 		return ex.envelope(envelope.FingerprintExpired, 0, envelope.Extra{}), true
 	}
 	if rec.ParamHash != claims.ParamHash {

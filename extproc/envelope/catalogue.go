@@ -79,6 +79,18 @@ var catalogues = map[string]map[Message]Text{
 			Instruction: "Do not retry this call blindly. If it was a confirmation, call {status_tool} with the same fingerprint to learn whether the operation was executed; otherwise tell the user that the request failed.",
 		},
 
+		ApprovalPending: {
+			Meaning:     "This operation needs a person's approval before it runs. The request for approval has been sent; nothing was executed yet.",
+			Instruction: "Do not start a new preview and do not change the parameters. Tell the user that the operation awaits approval. Wait {poll_after_seconds} seconds, then call {status_tool} with the same fingerprint; once it says approval_granted, call this tool again with the same fingerprint and parameters.",
+		},
+		ApprovalDenied: {
+			Meaning:     "A person denied this operation. It was not executed and will not be.",
+			Instruction: "Do not retry and do not start a new preview to get around the decision. Tell the user that the operation was denied.",
+		},
+		ApprovalExpired: {
+			Meaning:     "The approval of this operation lapsed before it was executed. Nothing was executed.",
+			Instruction: "Do not retry with this fingerprint. If the user still wants it, call {preview_tool} again, show the new preview to the user, and confirm with the new fingerprint; it will need approval again.",
+		},
 		StatusNotStarted: {
 			Meaning:     "No confirmation with this fingerprint has been received; the operation has not been executed.",
 			Instruction: "If the user has confirmed the preview, call the confirm tool with this fingerprint. Otherwise nothing needs to be done.",
@@ -114,6 +126,22 @@ var catalogues = map[string]map[Message]Text{
 		StatusTemporarilyUnavailable: {
 			Meaning:     "The status of this operation cannot be read right now.",
 			Instruction: "Wait {retry_after_seconds} seconds and call {status_tool} again with the same fingerprint. Do not call the confirm tool in the meantime.",
+		},
+		StatusApprovalPending: {
+			Meaning:     "This operation is waiting for a person to approve it; it has not been executed.",
+			Instruction: "Do not call the confirm tool yet and do not start a new preview. Wait {poll_after_seconds} seconds and call {status_tool} again with the same fingerprint.",
+		},
+		StatusApprovalGranted: {
+			Meaning:     "A person approved this operation; it has not been executed yet.",
+			Instruction: "Call the confirm tool again now with the same fingerprint and exactly the same parameters. That call executes the operation.",
+		},
+		StatusApprovalDenied: {
+			Meaning:     "A person denied this operation; it was not executed and will not be.",
+			Instruction: "Do not call the confirm tool again. Tell the user that the operation was denied.",
+		},
+		StatusApprovalExpired: {
+			Meaning:     "The approval of this operation lapsed before it was executed; it was not executed.",
+			Instruction: "Do not call the confirm tool again with this fingerprint. If the user still wants it, call {preview_tool} again, show the preview to the user and confirm with the new fingerprint; it will need approval again.",
 		},
 	},
 	"zh": {
@@ -190,6 +218,18 @@ var catalogues = map[string]map[Message]Text{
 			Instruction: "不要盲目重试。如果这是一次确认调用，用同一个指纹调用 {status_tool} 查明操作是否已经执行；否则告诉用户本次请求失败。",
 		},
 
+		ApprovalPending: {
+			Meaning:     "该操作需要人工审批后才能执行，审批请求已发出，目前尚未执行。",
+			Instruction: "不要重新预览，也不要修改参数。告诉用户该操作正在等待审批。等待 {poll_after_seconds} 秒后，用同一个指纹调用 {status_tool}；当它返回 approval_granted 时，再用同一个指纹和参数调用本工具。",
+		},
+		ApprovalDenied: {
+			Meaning:     "该操作已被人工拒绝，没有执行，也不会执行。",
+			Instruction: "不要重试，也不要通过重新预览绕过该决定。告诉用户该操作已被拒绝。",
+		},
+		ApprovalExpired: {
+			Meaning:     "该操作的审批在执行前已失效，没有执行任何操作。",
+			Instruction: "不要再用这个指纹重试。如果用户仍要办理，请重新调用 {preview_tool}，把新的预览展示给用户并用新的指纹确认；它需要重新审批。",
+		},
 		StatusNotStarted: {
 			Meaning:     "尚未收到使用该指纹的确认，操作没有执行。",
 			Instruction: "如果用户已经确认了预览，用这个指纹调用确认工具；否则无需任何操作。",
@@ -225,6 +265,22 @@ var catalogues = map[string]map[Message]Text{
 		StatusTemporarilyUnavailable: {
 			Meaning:     "暂时无法读取该操作的状态。",
 			Instruction: "等待 {retry_after_seconds} 秒后，用同一个指纹再次调用 {status_tool}。在此期间不要调用确认工具。",
+		},
+		StatusApprovalPending: {
+			Meaning:     "该操作正在等待人工审批，尚未执行。",
+			Instruction: "暂时不要调用确认工具，也不要重新预览。等待 {poll_after_seconds} 秒后，用同一个指纹再次调用 {status_tool}。",
+		},
+		StatusApprovalGranted: {
+			Meaning:     "该操作已获人工批准，但尚未执行。",
+			Instruction: "现在用同一个指纹和完全相同的参数再次调用确认工具，这次调用会执行该操作。",
+		},
+		StatusApprovalDenied: {
+			Meaning:     "该操作已被人工拒绝，没有执行，也不会执行。",
+			Instruction: "不要再调用确认工具。告诉用户该操作已被拒绝。",
+		},
+		StatusApprovalExpired: {
+			Meaning:     "该操作的审批在执行前已失效，操作没有执行。",
+			Instruction: "不要再用这个指纹调用确认工具。如果用户仍要办理，请重新调用 {preview_tool}，把新的预览展示给用户并用新的指纹确认；它需要重新审批。",
 		},
 	},
 }

@@ -45,6 +45,11 @@ const (
 	PathNotExact     Message = "path_not_exact"
 	MethodNotAllowed Message = "method_not_allowed"
 	HeaderNotAllowed Message = "header_not_allowed"
+	// ApprovalPending, ApprovalDenied and ApprovalExpired answer a confirm
+	// that needs people's approval (DESIGN section 10); ApprovalID names it.
+	ApprovalPending Message = "approval_pending"
+	ApprovalDenied  Message = "approval_denied"
+	ApprovalExpired Message = "approval_expired"
 )
 
 // Messages of the status route.
@@ -58,6 +63,10 @@ const (
 	StatusFingerprintRequired    Message = "status.fingerprint_required"
 	StatusFingerprintInvalid     Message = "status.fingerprint_invalid"
 	StatusTemporarilyUnavailable Message = "status.temporarily_unavailable"
+	StatusApprovalPending        Message = "status.approval_pending"
+	StatusApprovalGranted        Message = "status.approval_granted"
+	StatusApprovalDenied         Message = "status.approval_denied"
+	StatusApprovalExpired        Message = "status.approval_expired"
 )
 
 // RetryAfter is the delay idemgate asks for in temporarily_unavailable
@@ -96,6 +105,9 @@ var specs = map[Message]Spec{
 	PathNotExact:               {Status: "path_not_exact", HTTPStatus: 404},
 	MethodNotAllowed:           {Status: "method_not_allowed", HTTPStatus: 405},
 	HeaderNotAllowed:           {Status: "header_not_allowed", HTTPStatus: 400},
+	ApprovalPending:            {Status: "approval_pending", HTTPStatus: 202, Retryable: true, PollWith: true},
+	ApprovalDenied:             {Status: "approval_denied", HTTPStatus: 403},
+	ApprovalExpired:            {Status: "approval_expired", HTTPStatus: 410, PreviewWith: true},
 
 	StatusNotStarted:             {Status: "not_started", HTTPStatus: 200},
 	StatusInterrupted:            {Status: "not_started", HTTPStatus: 200},
@@ -106,6 +118,10 @@ var specs = map[Message]Spec{
 	StatusFingerprintRequired:    {Status: "fingerprint_required", HTTPStatus: 400},
 	StatusFingerprintInvalid:     {Status: "fingerprint_invalid", HTTPStatus: 400},
 	StatusTemporarilyUnavailable: {Status: "temporarily_unavailable", HTTPStatus: 503, Retryable: true, RetryAfter: true},
+	StatusApprovalPending:        {Status: "approval_pending", HTTPStatus: 200, Retryable: true, PollWith: true},
+	StatusApprovalGranted:        {Status: "approval_granted", HTTPStatus: 200},
+	StatusApprovalDenied:         {Status: "approval_denied", HTTPStatus: 200},
+	StatusApprovalExpired:        {Status: "approval_expired", HTTPStatus: 200, PreviewWith: true},
 }
 
 // SpecOf returns the fixed part of m.
@@ -182,7 +198,7 @@ type Set struct {
 }
 
 // numSlots bounds the fixed-size tables of a Set; every Message has a slot.
-const numSlots = 32
+const numSlots = 48
 
 var slots = func() map[Message]int {
 	m := make(map[Message]int, len(specs))
@@ -309,6 +325,8 @@ type Extra struct {
 	// invalid_params): the position of a syntax error or the param path.
 	// It only ever echoes the caller's own input.
 	Detail string
+	// ApprovalID names the approval of an approval_* answer.
+	ApprovalID string
 }
 
 // Rendered is one envelope ready to send.
@@ -355,6 +373,10 @@ func (s *Set) RenderTo(dst []byte, m Message, traceID string, originalStatus int
 		b = append(b, `,"detail":`...)
 		b = AppendString(b, x.Detail)
 	}
+	if x.ApprovalID != "" {
+		b = append(b, `,"approval_id":`...)
+		b = AppendString(b, x.ApprovalID)
+	}
 	if x.HasResult {
 		b = append(b, `,"result_ref":`...)
 		b = AppendString(b, x.ResultRef)
@@ -376,7 +398,7 @@ func (s *Set) RenderTo(dst []byte, m Message, traceID string, originalStatus int
 	switch {
 	case spec.RetryAfter:
 		r.RetryAfterSeconds = ceilSeconds(RetryAfter)
-	case spec.PollWith && spec.HTTPStatus == 409:
+	case spec.PollWith && (spec.HTTPStatus == 409 || spec.HTTPStatus == 202):
 		r.RetryAfterSeconds = ceilSeconds(s.op.PollAfter)
 	}
 	return r

@@ -142,7 +142,7 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 	if tracer != nil {
 		store = state.Trace(store, ss.backend, tracer)
 	}
-	srv, err := extproc.NewServer(extproc.Options{Config: rt, Store: store, Logger: logger, Metrics: metrics, Security: reporter, Tracer: tracer})
+	srv, err := extproc.NewServer(extproc.Options{Config: rt, Store: store, Approvals: ss.approvals, Logger: logger, Metrics: metrics, Security: reporter, Tracer: tracer})
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,9 @@ type storeSet struct {
 	backend string
 	pg      *postgres.Store
 	redis   *redis.Store
+	// approvals keeps approvals: PostgreSQL's (alone or under a tiered
+	// store) or the memory store's; nil for Redis alone.
+	approvals state.Approvals
 	// refusal holds why a Redis-only store may not start executions (its
 	// server unchecked or unfit); empty when it may. Unused otherwise.
 	refusal *refusal
@@ -65,9 +68,13 @@ func openStore(ctx context.Context, s settings.StoreSettings, metrics *extproc.M
 		}
 		ss.redis = rd
 	}
+	if ss.pg != nil {
+		ss.approvals = ss.pg
+	}
 	switch ss.backend {
 	case "memory":
-		ss.store = state.Instrument(memory.New(memory.Options{}), "memory", obs)
+		mem := memory.New(memory.Options{})
+		ss.store, ss.approvals = state.Instrument(mem, "memory", obs), mem
 	case "postgres":
 		ss.store = pgStore
 	case "redis":

@@ -1,0 +1,262 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgate/idemgate/extproc/config"
+	"github.com/idemgate/idemgate/extproc/security"
+	"github.com/idemgate/idemgate/internal/testutil"
+	"github.com/idemgate/idemgate/state"
+	"github.com/idemgate/idemgate/state/memory"
+	"github.com/idemgate/idemgate/state/postgres"
+)
+
+// approvalStore keeps records and approvals (memory, postgres).
+type approvalStore interface {
+	state.Store
+	state.Approvals
+}
+
+// approvalYAML gates transfers of 1000.00 or more behind one approver.
+var approvalYAML = strings.Replace(testConfigYAML, "    result_ref: transfer_id\n", `    result_ref: transfer_id
+    approval:
+      rules: [{param: amount, at_least: "1000.00"}]
+      approvers:
+        jwt: {issuer: https://idp.example, audience: idemgate-approvals, jwks_file: /approvers.jwks}
+      ttl: 24h
+`, 1)
+
+// newApprovalEnv is newEnv on approvalYAML with backend's approvals
+// (approvals nil: a store that keeps none, as Redis alone).
+func newApprovalEnv(t *testing.T, backend state.Store, approvals state.Approvals, clk *clock) *env {
+	t.Helper()
+	e := newEnv(t, backend, clk)
+	rt, _, err := config.Parse("test.yaml", []byte(approvalYAML), "", config.Options{
+		LookupEnv: func(k string) (string, bool) { v, ok := testKeys[k]; return v, ok },
+		ReadFile: func(name string) ([]byte, error) {
+			if name == "/approvers.jwks" {
+				return []byte(`{"keys":[{"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}`), nil
+			}
+			return nil, fs.ErrNotExist
+		},
+	})
+	require.NoError(t, err)
+	e.cfg = rt
+	e.store = newCountingStore(backend)
+	srv, err := NewServer(Options{
+		Config: e.cfg, Store: e.store, Approvals: approvals, Logger: e.logger, Metrics: e.metrics,
+		Security: security.New(e.logger, e.metrics.SecurityCounters(), security.WebhookOptions{}),
+		Now:      e.clock.Now,
+	})
+	require.NoError(t, err)
+	e.srv = srv
+	return e
+}
+
+func TestApprovalMemory(t *testing.T) {
+	clk := newClock()
+	m := memory.New(memory.Options{Now: clk.Now})
+	runApprovalSuite(t, newApprovalEnv(t, m, m, clk), m, true)
+}
+
+func TestApprovalPostgres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL")
+	}
+	dsn := testutil.CreateDatabase(t)
+	require.NoError(t, postgres.Migrate(t.Context(), dsn))
+	pg, err := postgres.New(t.Context(), postgres.Options{DSN: dsn})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pg.Close() })
+	// The server's clock runs in 2030 (fingerprints expire then); the
+	// database judges approvals by its own clock, so lapsing is tested on
+	// the memory store only.
+	runApprovalSuite(t, newApprovalEnv(t, pg, pg, nil), pg, false)
+}
+
+func runApprovalSuite(t *testing.T, e *env, approvals approvalStore, movableClock bool) {
+	const alice, bob = "user-alice", "user-bob"
+	d := fakeDialer{srv: e.srv}
+	ctx := t.Context()
+	confirm := func(subject, amount, fp string) httpRequest {
+		return post("/v1/transfers/confirm", subject, transferBody(amount, "EUR", "DE89", fp))
+	}
+	status := func(subject, fp string) httpRequest {
+		return post("/v1/transfers/status", subject, []byte(fmt.Sprintf(`{"fingerprint":%q}`, fp)))
+	}
+	previewBody := func(amount string) map[string]any {
+		res := do(t, d, post("/v1/transfers/preview", alice, transferBody(amount, "EUR", "DE89", "")), previewOK)
+		require.Nil(t, res.immediate)
+		return res.json(t)
+	}
+	pending := func(t *testing.T, fp, amount string) string {
+		t.Helper()
+		res := do(t, d, confirm(alice, amount, fp), neverCalled(t))
+		body := requireEnvelope(t, res, 202, "approval_pending", true)
+		require.Equal(t, "transfer_status", body["poll_with"])
+		require.NotEmpty(t, res.headers["retry-after"])
+		id := body["approval_id"].(string)
+		require.True(t, strings.HasPrefix(id, "apr_"), id)
+		return id
+	}
+	decide := func(t *testing.T, id, who string, approve bool) {
+		t.Helper()
+		out, _, err := approvals.DecideApproval(ctx, state.Decision{ID: id, Approver: who, Approve: approve, Reason: "called the payee"})
+		require.NoError(t, err)
+		require.Equal(t, state.DecisionRecorded, out)
+	}
+	approval := func(t *testing.T, id string) state.Approval {
+		t.Helper()
+		a, found, err := approvals.GetApproval(ctx, id)
+		require.NoError(t, err)
+		require.True(t, found)
+		return a
+	}
+
+	t.Run("preview above the threshold says approval_required and lives approval.ttl", func(t *testing.T) {
+		body := previewBody(`"1000"`)
+		require.Equal(t, true, body["approval_required"])
+		require.Equal(t, e.clock.Now().Add(24*time.Hour).Format(time.RFC3339), body["fingerprint_expires_at"])
+		body = previewBody(`"999.99"`)
+		require.NotContains(t, body, "approval_required")
+		require.Equal(t, e.clock.Now().Add(15*time.Minute).Format(time.RFC3339), body["fingerprint_expires_at"])
+	})
+
+	t.Run("below the threshold executes without approval", func(t *testing.T) {
+		p := newPayments()
+		fp := preview(t, d, alice, `"999.99"`)
+		res := do(t, d, confirm(alice, `"999.99"`, fp), p.handle)
+		require.Nil(t, res.immediate)
+		require.Equal(t, 201, res.status)
+		_, found, err := approvals.ApprovalByKey(ctx, e.claimsOf(t, fp, alice, "payments.transfer").Nonce)
+		require.NoError(t, err)
+		require.False(t, found)
+	})
+
+	t.Run("pending, approved by another person, executed once, replayed", func(t *testing.T) {
+		p := newPayments()
+		fp := preview(t, d, alice, `"1500.00"`)
+		nonce := e.claimsOf(t, fp, alice, "payments.transfer").Nonce
+		id := pending(t, fp, `"1500.00"`)
+		require.Equal(t, id, pending(t, fp, `"1500.00"`), "every retry before a decision gets the same approval")
+		_, found := e.record(t, nonce)
+		require.False(t, found, "nothing but the approval is written")
+		a := approval(t, id)
+		require.Equal(t, alice, a.Requester)
+		require.Equal(t, nonce, a.Key)
+		require.JSONEq(t, `{"amount":1500.00,"currency":"EUR","payee.account_id":"DE89"}`, string(a.Params))
+		require.Equal(t, []string{"amount >= 1000.00"}, a.Rules)
+		require.Equal(t, e.claimsOf(t, fp, alice, "payments.transfer").ExpiresAt(), a.ExpiresAt.UTC(), "an approval never outlives its fingerprint")
+
+		st := requireEnvelope(t, do(t, d, status(alice, fp), neverCalled(t)), 200, "approval_pending", true)
+		require.Equal(t, id, st["approval_id"])
+
+		decide(t, id, bob, true)
+		st = requireEnvelope(t, do(t, d, status(alice, fp), neverCalled(t)), 200, "approval_granted", false)
+		require.Equal(t, id, st["approval_id"])
+
+		res := do(t, d, confirm(alice, `"1500.00"`, fp), p.handle)
+		require.Nil(t, res.immediate, string(res.body))
+		require.Equal(t, 201, res.status)
+		require.Equal(t, nonce, res.upstreamHdrs["idempotency-key"])
+		require.Equal(t, state.ApprovalConsumed, approval(t, id).State)
+		rec, found := e.record(t, nonce)
+		require.True(t, found)
+		require.Equal(t, state.Done, rec.State)
+
+		res = do(t, d, confirm(alice, `"1500.00"`, fp), neverCalled(t))
+		requireEnvelope(t, res, 201, "already_completed", false)
+		requireEnvelope(t, do(t, d, status(alice, fp), neverCalled(t)), 200, "completed", false)
+		require.Equal(t, 1, p.Executions())
+	})
+
+	t.Run("an approval is for its nonce only: a new preview of the same params needs its own", func(t *testing.T) {
+		fp1 := preview(t, d, alice, `"2000.00"`)
+		id1 := pending(t, fp1, `"2000.00"`)
+		decide(t, id1, bob, true)
+		fp2 := preview(t, d, alice, `"2000.00"`)
+		id2 := pending(t, fp2, `"2000.00"`)
+		require.NotEqual(t, id1, id2)
+		require.Equal(t, state.ApprovalApproved, approval(t, id1).State, "the other nonce's approval is untouched")
+	})
+
+	t.Run("a params change fails verification and consumes nothing", func(t *testing.T) {
+		fp := preview(t, d, alice, `"3000.00"`)
+		id := pending(t, fp, `"3000.00"`)
+		decide(t, id, bob, true)
+		res := do(t, d, confirm(alice, `"3000.01"`, fp), neverCalled(t))
+		requireEnvelope(t, res, 422, "params_changed", false)
+		require.Equal(t, state.ApprovalApproved, approval(t, id).State)
+		_, found := e.record(t, e.claimsOf(t, fp, alice, "payments.transfer").Nonce)
+		require.False(t, found)
+	})
+
+	t.Run("a denied approval never executes", func(t *testing.T) {
+		fp := preview(t, d, alice, `"4000.00"`)
+		id := pending(t, fp, `"4000.00"`)
+		decide(t, id, bob, false)
+		for range 2 {
+			body := requireEnvelope(t, do(t, d, confirm(alice, `"4000.00"`, fp), neverCalled(t)), 403, "approval_denied", false)
+			require.Equal(t, id, body["approval_id"])
+		}
+		st := requireEnvelope(t, do(t, d, status(alice, fp), neverCalled(t)), 200, "approval_denied", false)
+		require.Equal(t, id, st["approval_id"])
+		_, found := e.record(t, e.claimsOf(t, fp, alice, "payments.transfer").Nonce)
+		require.False(t, found)
+	})
+
+	t.Run("an approval store failure is temporarily_unavailable", func(t *testing.T) {
+		fp := preview(t, d, alice, `"5000.00"`)
+		srv, err := NewServer(Options{Config: e.cfg, Store: e.store, Approvals: failingApprovals{approvals}, Logger: e.logger, Metrics: NewMetrics(prometheus.NewRegistry()), Now: e.clock.Now})
+		require.NoError(t, err)
+		res := do(t, fakeDialer{srv: srv}, confirm(alice, `"5000.00"`, fp), neverCalled(t))
+		requireEnvelope(t, res, 503, "temporarily_unavailable", true)
+	})
+
+	if !movableClock {
+		return
+	}
+	t.Run("a lapsed approval is approval_expired, also after the fingerprint expired", func(t *testing.T) {
+		fp := preview(t, d, alice, `"6000.00"`)
+		id := pending(t, fp, `"6000.00"`)
+		decide(t, id, bob, true)
+		e.clock.Advance(24*time.Hour + time.Second)
+		body := requireEnvelope(t, do(t, d, confirm(alice, `"6000.00"`, fp), neverCalled(t)), 410, "approval_expired", false)
+		require.Equal(t, id, body["approval_id"])
+		require.Equal(t, "transfer_preview", body["preview_with"])
+		require.Equal(t, state.ApprovalExpired, approval(t, id).State)
+		requireEnvelope(t, do(t, d, status(alice, fp), neverCalled(t)), 200, "approval_expired", false)
+	})
+}
+
+// failingApprovals fails every approval call.
+type failingApprovals struct{ state.Approvals }
+
+func (failingApprovals) ApprovalByKey(_ context.Context, _ string) (state.Approval, bool, error) {
+	return state.Approval{}, false, state.Unavailable("read approval", errors.New("injected outage"))
+}
+
+// TestApprovalWithoutApprovalStore: Redis alone keeps no approvals; a
+// confirm that needs one is refused, one that does not runs.
+func TestApprovalWithoutApprovalStore(t *testing.T) {
+	clk := newClock()
+	e := newApprovalEnv(t, memory.New(memory.Options{Now: clk.Now}), nil, clk)
+	d := fakeDialer{srv: e.srv}
+	const alice = "user-alice"
+	fp := preview(t, d, alice, `"1000.00"`)
+	res := do(t, d, post("/v1/transfers/confirm", alice, transferBody(`"1000.00"`, "EUR", "DE89", fp)), neverCalled(t))
+	requireEnvelope(t, res, 503, "temporarily_unavailable", true)
+	fp = preview(t, d, alice, `"10.00"`)
+	res = do(t, d, post("/v1/transfers/confirm", alice, transferBody(`"10.00"`, "EUR", "DE89", fp)), newPayments().handle)
+	require.Nil(t, res.immediate)
+	require.Equal(t, 201, res.status)
+}
