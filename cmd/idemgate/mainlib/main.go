@@ -40,6 +40,10 @@ Usage:
   idemgate ops show NONCE (--config FILE | --dsn DSN)
   idemgate ops resolve NONCE (--done|--failed) --status N --body @FILE|TEXT [--content-type TYPE] (--config FILE | --dsn DSN)
       Reconciliation (对账): find records a person must settle, read them, settle them.
+  idemgate ops approvals list [--state pending|approved|denied|expired|consumed] [--limit N] (--config FILE | --dsn DSN)
+  idemgate ops approvals show ID (--config FILE | --dsn DSN)
+  idemgate ops approvals approve|deny ID --as NAME --reason TEXT (--config FILE | --dsn DSN)
+      Approvals of gated confirms: list, read (params, rules, audit trail), decide as NAME.
   idemgate tools --config FILE --format openai|anthropic|mcp
       Print the preview, confirm and status tool definitions of every operation.
   idemgate envoy-config --config FILE [--idemgate-address HOST:PORT] [--upstream-cluster NAME]

@@ -93,6 +93,8 @@ func ops(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return opsShow(ctx, args[1:], stdout, stderr)
 	case "resolve":
 		return opsResolve(ctx, args[1:], stdout, stderr)
+	case "approvals":
+		return opsApprovals(ctx, args[1:], stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "unknown ops command %q\n\n%s", args[0], usage)
 		return ErrUsage

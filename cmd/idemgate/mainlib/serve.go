@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc"
+	"github.com/idemgate/idemgate/extproc/approvalapi"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/security"
 	"github.com/idemgate/idemgate/state"
@@ -156,7 +157,7 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 	go sweep(bg, ss.store, logger)
 
 	admin := &http.Server{Handler: withJWKS(adminHandler(reg, hs, ready, ss.backend, on.adminOpts), rt.Attestation), ReadHeaderTimeout: 5 * time.Second}
-	errs := make(chan error, 2)
+	errs := make(chan error, 3)
 	go func() {
 		if err := gs.Serve(grpcLis); err != nil {
 			errs <- fmt.Errorf("grpc server stopped: %w", err)
@@ -167,6 +168,10 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 			errs <- fmt.Errorf("admin server stopped: %w", err)
 		}
 	}()
+	approvalSrv, err := serveApprovals(cfg, rt, ss, reporter, logger, errs)
+	if err != nil {
+		return err
+	}
 	logger.Info("idemgate serving", "version", Version, "grpc", grpcLis.Addr().String(), "admin", adminLis.Addr().String(),
 		"store", ss.backend, "operations", len(rt.Operations))
 	on.onReady()
@@ -207,6 +212,11 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 	if err := admin.Shutdown(shutdownCtx); err != nil {
 		logger.Warn("failed to stop the admin server cleanly", "error", err)
 	}
+	if approvalSrv != nil {
+		if err := approvalSrv.Shutdown(shutdownCtx); err != nil {
+			logger.Warn("failed to stop the approvers' API cleanly", "error", err)
+		}
+	}
 	stopBackground() // before the store closes
 	logger.Info("stopped")
 	return serveErr
@@ -244,4 +254,32 @@ func adminHandler(reg *prometheus.Registry, hs *health.Server, ready *readiness,
 		_ = json.NewEncoder(w).Encode(body)
 	})
 	return mux
+}
+
+// serveApprovals starts the approvers' API on approval_listen (DESIGN
+// section 10), when it is set and the store keeps approvals.
+func serveApprovals(cfg *settings.Settings, rt *config.Runtime, ss *storeSet, reporter approvalapi.Reporter, logger *slog.Logger, errs chan<- error) (*http.Server, error) {
+	if cfg.ApprovalListen == "" {
+		return nil, nil
+	}
+	if ss.approvals == nil {
+		logger.Warn("approval_listen is set but the store keeps no approvals (Redis alone): the approvers' API is not served")
+		return nil, nil
+	}
+	h, err := approvalapi.New(approvalapi.Options{Config: rt, Approvals: ss.approvals, Security: reporter, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", cfg.ApprovalListen)
+	if err != nil {
+		return nil, fmt.Errorf("failed to listen on approval_listen %s: %w", cfg.ApprovalListen, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs <- fmt.Errorf("approvers' API stopped: %w", err)
+		}
+	}()
+	logger.Info("approvers' API serving", "listen", lis.Addr().String())
+	return srv, nil
 }

@@ -1,0 +1,407 @@
+// Package approvalapi is the approvers' JSON API of DESIGN section 10,
+// served on approval_listen (plain HTTP behind the SSO proxy that sets the
+// bearer token):
+//
+//	GET  /v1/approvals?state=pending     {"approvals": [<approval>...]}
+//	GET  /v1/approvals/{id}              <approval>
+//	POST /v1/approvals/{id}/approve      {"reason": "..."} → <approval>
+//	POST /v1/approvals/{id}/deny         {"reason": "..."} → <approval>
+//
+// Every call carries Authorization: Bearer <approver JWT>, verified against
+// the approvers.jwt of the approval's operation; the approver is the
+// token's sub and nothing else: no field an agent wrote names anyone.
+// Answers: 401 without a valid token, 403 approval_forbidden for a
+// self-approval under distinct_from_requester (the requester may deny),
+// 404 for an unknown id (or one of an operation the token is not for),
+// 409 when the approval is not pending, 400 for an empty reason; an
+// approver who already approved gets 200 and counts once. A store failure
+// is 503 and decides nothing.
+package approvalapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/idemgate/idemgate/extproc/config"
+	"github.com/idemgate/idemgate/extproc/security"
+	"github.com/idemgate/idemgate/state"
+)
+
+// Security event reasons of the approvers' surfaces.
+const (
+	ReasonApproverToken   = "approver_token_invalid"
+	ReasonSelfApproval    = "self_approval"
+	ReasonUnknownApproval = "approval_unknown"
+	ReasonLapsedApproval  = "approval_lapsed"
+)
+
+// Reporter receives security events (extproc's reporter).
+type Reporter interface {
+	Report(ctx context.Context, e security.Event)
+}
+
+// Options configure the handler.
+type Options struct {
+	Config    *config.Runtime
+	Approvals state.Approvals
+	Security  Reporter
+	Logger    *slog.Logger
+	// Timeout bounds each store call (store.timeout when zero).
+	Timeout time.Duration
+}
+
+// Handler serves the API.
+type Handler struct {
+	opts Options
+	// ops are the operations with approval, by name.
+	ops map[string]*config.Operation
+}
+
+// New returns the handler.
+func New(opts Options) (*Handler, error) {
+	if opts.Config == nil || opts.Approvals == nil || opts.Security == nil {
+		return nil, errors.New("approvalapi: config, approvals and a security reporter are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = opts.Config.Store.Timeout
+	}
+	h := &Handler{opts: opts, ops: map[string]*config.Operation{}}
+	for _, op := range opts.Config.Operations {
+		if op.Approval != nil {
+			h.ops[op.Name] = op
+		}
+	}
+	return h, nil
+}
+
+// maxBody bounds a decision's body.
+const maxBody = 16 << 10
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/approvals")
+	if !ok {
+		writeError(w, http.StatusNotFound, "not_found", "no such endpoint")
+		return
+	}
+	// Verify first: without a valid token nothing is said, not even 404.
+	subject, ops := h.authenticate(r)
+	if len(ops) == 0 {
+		writeError(w, http.StatusUnauthorized, "unauthorized", "a valid approver bearer token is required")
+		return
+	}
+	switch parts := strings.Split(strings.Trim(rest, "/"), "/"); {
+	case rest == "" || rest == "/":
+		if r.Method != http.MethodGet {
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use GET")
+			return
+		}
+		h.list(w, r, ops)
+	case len(parts) == 1:
+		if r.Method != http.MethodGet {
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use GET")
+			return
+		}
+		h.show(w, r, parts[0], ops)
+	case len(parts) == 2 && (parts[1] == "approve" || parts[1] == "deny"):
+		if r.Method != http.MethodPost {
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use POST")
+			return
+		}
+		h.decide(w, r, parts[0], parts[1] == "approve", subject, ops)
+	default:
+		writeError(w, http.StatusNotFound, "not_found", "no such endpoint")
+	}
+}
+
+// authenticate verifies the bearer token against every gated operation's
+// approvers.jwt and returns the approver and the operations it may decide.
+func (h *Handler) authenticate(r *http.Request) (string, map[string]bool) {
+	auth := r.Header.Get("Authorization")
+	scheme, token, found := strings.Cut(auth, " ")
+	if !found || !strings.EqualFold(scheme, "bearer") || strings.TrimSpace(token) == "" {
+		h.report(r, security.Event{Reason: ReasonApproverToken, Request: "no bearer token"})
+		return "", nil
+	}
+	token = strings.TrimSpace(token)
+	subject := ""
+	ops := map[string]bool{}
+	var lastErr error
+	for name, op := range h.ops {
+		v := op.Approval.Verifier
+		if v == nil || v.Keys == nil {
+			continue
+		}
+		c, err := v.Verify(token)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if subject != "" && c.Subject != subject {
+			continue
+		}
+		subject = c.Subject
+		ops[name] = true
+	}
+	if len(ops) == 0 {
+		msg := "no verifier configured"
+		if lastErr != nil {
+			msg = lastErr.Error()
+		}
+		h.report(r, security.Event{Reason: ReasonApproverToken, Request: quoteCut(msg)})
+	}
+	return subject, ops
+}
+
+func (h *Handler) report(r *http.Request, e security.Event) {
+	e.TraceID = r.Header.Get("x-request-id")
+	h.opts.Security.Report(r.Context(), e)
+}
+
+func (h *Handler) ctx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), h.opts.Timeout)
+}
+
+func (h *Handler) list(w http.ResponseWriter, r *http.Request, ops map[string]bool) {
+	f := state.ApprovalFilter{}
+	if s := r.URL.Query().Get("state"); s != "" {
+		st, ok := ParseState(s)
+		if !ok {
+			writeError(w, http.StatusBadRequest, "invalid_state", "state must be pending, approved, denied, expired or consumed")
+			return
+		}
+		f.State = st
+	}
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	all, err := h.opts.Approvals.ListApprovals(ctx, f)
+	if err != nil {
+		h.storeFailed(w, "list approvals", err)
+		return
+	}
+	out := []View{}
+	for i := range all {
+		if ops[all[i].Operation] {
+			out = append(out, ViewOf(&all[i]))
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"approvals": out})
+}
+
+// get reads an approval the caller may see (404 otherwise).
+func (h *Handler) get(w http.ResponseWriter, r *http.Request, id string, ops map[string]bool) (state.Approval, bool) {
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	a, found, err := h.opts.Approvals.GetApproval(ctx, id)
+	if err != nil {
+		h.storeFailed(w, "read approval", err)
+		return a, false
+	}
+	if !found || !ops[a.Operation] {
+		writeError(w, http.StatusNotFound, "not_found", "no such approval")
+		return a, false
+	}
+	return a, true
+}
+
+func (h *Handler) show(w http.ResponseWriter, r *http.Request, id string, ops map[string]bool) {
+	if a, ok := h.get(w, r, id, ops); ok {
+		writeJSON(w, http.StatusOK, ViewOf(&a))
+	}
+}
+
+func (h *Handler) decide(w http.ResponseWriter, r *http.Request, id string, approve bool, subject string, ops map[string]bool) {
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	data, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil || len(data) > maxBody {
+		writeError(w, http.StatusBadRequest, "invalid_body", "the body must be a JSON object {\"reason\": \"...\"} of at most 16 KiB")
+		return
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_body", "the body must be a JSON object {\"reason\": \"...\"}")
+		return
+	}
+	if strings.TrimSpace(body.Reason) == "" {
+		writeError(w, http.StatusBadRequest, "reason_required", "a decision needs a non-empty reason")
+		return
+	}
+	rctx, rcancel := h.ctx(r)
+	a, found, err := h.opts.Approvals.GetApproval(rctx, id)
+	rcancel()
+	if err != nil {
+		h.storeFailed(w, "read approval", err)
+		return
+	}
+	if !found || !ops[a.Operation] {
+		h.report(r, security.Event{Reason: ReasonUnknownApproval, Operation: a.Operation, Nonce: a.Key})
+		writeError(w, http.StatusNotFound, "not_found", "no such approval")
+		return
+	}
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	out, after, err := h.opts.Approvals.DecideApproval(ctx, state.Decision{ID: id, Approver: subject, Approve: approve, Reason: body.Reason})
+	if err != nil {
+		h.storeFailed(w, "decide approval", err)
+		return
+	}
+	ev := security.Event{Operation: after.Operation, Nonce: after.Key, SubjectTag: after.SubjectTag}
+	switch out {
+	case state.DecisionRecorded, state.DecisionRepeated:
+		h.opts.Logger.Info("approval decision", "approval_id", id, "approver", subject, "approve", approve, "state", after.State, "outcome", out)
+		writeJSON(w, http.StatusOK, ViewOf(&after))
+	case state.DecisionSelfApproval:
+		ev.Reason = ReasonSelfApproval
+		h.report(r, ev)
+		writeError(w, http.StatusForbidden, "approval_forbidden", "the requester may not approve their own operation (distinct_from_requester); they may deny it")
+	case state.DecisionNotPending:
+		if after.State == state.ApprovalExpired {
+			ev.Reason = ReasonLapsedApproval
+			h.report(r, ev)
+		}
+		writeJSON(w, http.StatusConflict, map[string]any{"error": "not_pending", "message": "the approval is " + strings.ToLower(string(after.State)) + ", not pending", "approval": ViewOf(&after)})
+	case state.DecisionNotFound:
+		ev.Reason = ReasonUnknownApproval
+		h.report(r, ev)
+		writeError(w, http.StatusNotFound, "not_found", "no such approval")
+	}
+}
+
+func (h *Handler) storeFailed(w http.ResponseWriter, op string, err error) {
+	h.opts.Logger.Warn("approval store call failed", "store_op", op, "error", err)
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusServiceUnavailable, "temporarily_unavailable", "the approval store cannot be reached; nothing was decided, retry")
+}
+
+// ParseState reads a lower-case state name.
+func ParseState(s string) (state.ApprovalState, bool) {
+	st := state.ApprovalState(strings.ToUpper(s))
+	switch st {
+	case state.ApprovalPending, state.ApprovalApproved, state.ApprovalDenied, state.ApprovalExpired, state.ApprovalConsumed:
+		return st, true
+	}
+	return "", false
+}
+
+// View is <approval> as DESIGN section 10 shows it. The fingerprint and
+// unbound fields are never part of it: an approval holds neither.
+type View struct {
+	ApprovalID string         `json:"approval_id"`
+	State      string         `json:"state"`
+	Operation  string         `json:"operation"`
+	Requester  string         `json:"requester"`
+	Params     map[string]any `json:"params"`
+	Rules      []string       `json:"rules"`
+	Required   int            `json:"required"`
+	CreatedAt  time.Time      `json:"created_at"`
+	ExpiresAt  time.Time      `json:"expires_at"`
+	Decisions  []DecisionView `json:"decisions"`
+}
+
+// DecisionView is one approve or deny.
+type DecisionView struct {
+	Approver string    `json:"approver"`
+	Decision string    `json:"decision"`
+	Reason   string    `json:"reason"`
+	At       time.Time `json:"at"`
+}
+
+// ViewOf renders a.
+func ViewOf(a *state.Approval) View {
+	v := View{
+		ApprovalID: a.ID, State: strings.ToLower(string(a.State)), Operation: a.Operation, Requester: a.Requester,
+		Params: NestParams(a.Params), Rules: append([]string{}, a.Rules...), Required: a.Required,
+		CreatedAt: a.CreatedAt.UTC(), ExpiresAt: a.ExpiresAt.UTC(), Decisions: []DecisionView{},
+	}
+	for _, e := range a.Events {
+		switch e.Kind {
+		case state.EventApproved, state.EventDenied:
+			d := "approve"
+			if e.Kind == state.EventDenied {
+				d = "deny"
+			}
+			v.Decisions = append(v.Decisions, DecisionView{Approver: e.Actor, Decision: d, Reason: e.Reason, At: e.At.UTC()})
+		}
+	}
+	return v
+}
+
+// NestParams turns the canonical bound params (a flat object keyed by the
+// param paths as written, "payee.account_id") into the object nested as in
+// the request, numbers as strings (decimals stay exact).
+func NestParams(canonical []byte) map[string]any {
+	out := map[string]any{}
+	dec := json.NewDecoder(bytes.NewReader(canonical))
+	dec.UseNumber()
+	var flat map[string]any
+	if err := dec.Decode(&flat); err != nil {
+		return out
+	}
+	keys := make([]string, 0, len(flat))
+	for k := range flat {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		segs := strings.Split(k, ".")
+		m := out
+		for _, s := range segs[:len(segs)-1] {
+			next, ok := m[s].(map[string]any)
+			if !ok {
+				next = map[string]any{}
+				m[s] = next
+			}
+			m = next
+		}
+		m[segs[len(segs)-1]] = numbersAsStrings(flat[k])
+	}
+	return out
+}
+
+func numbersAsStrings(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		return x.String()
+	case map[string]any:
+		for k, e := range x {
+			x[k] = numbersAsStrings(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = numbersAsStrings(e)
+		}
+	}
+	return v
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, map[string]string{"error": code, "message": msg})
+}
+
+// quoteCut bounds a message for a security event.
+func quoteCut(s string) string {
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return s
+}
