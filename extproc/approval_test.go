@@ -26,21 +26,28 @@ type approvalStore interface {
 	state.Approvals
 }
 
-// approvalYAML gates transfers of 1000.00 or more behind one approver.
-var approvalYAML = strings.Replace(testConfigYAML, "    result_ref: transfer_id\n", `    result_ref: transfer_id
+// withApproval gates the transfer operation of yaml (its first
+// "result_ref: transfer_id") at 1000.00 or more behind one approver.
+func withApproval(yaml string) string {
+	return strings.Replace(yaml, "    result_ref: transfer_id\n", `    result_ref: transfer_id
     approval:
       rules: [{param: amount, at_least: "1000.00"}]
       approvers:
         jwt: {issuer: https://idp.example, audience: idemgate-approvals, jwks_file: /approvers.jwks}
       ttl: 24h
 `, 1)
+}
 
-// newApprovalEnv is newEnv on approvalYAML with backend's approvals
-// (approvals nil: a store that keeps none, as Redis alone).
+// newApprovalEnv is newEnv on withApproval(testConfigYAML) with backend's
+// approvals (approvals nil: a store that keeps none, as Redis alone).
 func newApprovalEnv(t *testing.T, backend state.Store, approvals state.Approvals, clk *clock) *env {
+	return newApprovalEnvYAML(t, withApproval(testConfigYAML), backend, approvals, clk)
+}
+
+func newApprovalEnvYAML(t *testing.T, yaml string, backend state.Store, approvals state.Approvals, clk *clock) *env {
 	t.Helper()
 	e := newEnv(t, backend, clk)
-	rt, _, err := config.Parse("test.yaml", []byte(approvalYAML), "", config.Options{
+	rt, _, err := config.Parse("test.yaml", []byte(yaml), "", config.Options{
 		LookupEnv: func(k string) (string, bool) { v, ok := testKeys[k]; return v, ok },
 		ReadFile: func(name string) ([]byte, error) {
 			if name == "/approvers.jwks" {
@@ -259,4 +266,48 @@ func TestApprovalWithoutApprovalStore(t *testing.T) {
 	res = do(t, d, post("/v1/transfers/confirm", alice, transferBody(`"10.00"`, "EUR", "DE89", fp)), newPayments().handle)
 	require.Nil(t, res.immediate)
 	require.Equal(t, 201, res.status)
+}
+
+// TestApprovalMCP: over MCP the approval answers are tool results with
+// isError true, and the approved confirm runs once.
+func TestApprovalMCP(t *testing.T) {
+	clk := newClock()
+	m := memory.New(memory.Options{Now: clk.Now})
+	e := newApprovalEnvYAML(t, withApproval(mcpConfigYAML), m, m, clk)
+	d := fakeDialer{srv: e.srv}
+	up := newMCPServer(false)
+	const alice = "user-alice"
+
+	res := do(t, d, mcpPost(alice, rpc(`1`, "tools/call", callParams("transfer_preview", transferArgs(`"1500.00"`, "")))), up.handle)
+	sc := finalMessage(t, res.body)["result"].(map[string]any)["structuredContent"].(map[string]any)
+	require.Equal(t, true, sc["approval_required"], string(res.body))
+	fp := sc["fingerprint"].(string)
+
+	confirm := rpc(`2`, "tools/call", callParams("transfer_confirm", transferArgs(`"1500.00"`, fp)))
+	r := toolResult(t, do(t, d, mcpPost(alice, confirm), neverCalled(t)), `2`, "approval_pending", true)
+	id := r["structuredContent"].(map[string]any)["approval_id"].(string)
+	status := rpc(`3`, "tools/call", callParams("transfer_status", `{"fingerprint":"`+fp+`"}`))
+	toolResult(t, do(t, d, mcpPost(alice, status), neverCalled(t)), `3`, "approval_pending", false)
+
+	out, _, err := m.DecideApproval(t.Context(), state.Decision{ID: id, Approver: "user-bob", Approve: true, Reason: "ok"})
+	require.NoError(t, err)
+	require.Equal(t, state.DecisionRecorded, out)
+	toolResult(t, do(t, d, mcpPost(alice, status), neverCalled(t)), `3`, "approval_granted", false)
+
+	res = do(t, d, mcpPost(alice, confirm), up.handle)
+	require.Nil(t, res.immediate, string(res.body))
+	require.Equal(t, 1, up.Executions())
+	toolResult(t, do(t, d, mcpPost(alice, confirm), neverCalled(t)), `2`, "already_completed", false)
+	require.Equal(t, 1, up.Executions())
+
+	// A denied one is a refusal.
+	res = do(t, d, mcpPost(alice, rpc(`4`, "tools/call", callParams("transfer_preview", transferArgs(`"2500.00"`, "")))), up.handle)
+	fp = finalMessage(t, res.body)["result"].(map[string]any)["structuredContent"].(map[string]any)["fingerprint"].(string)
+	confirm = rpc(`5`, "tools/call", callParams("transfer_confirm", transferArgs(`"2500.00"`, fp)))
+	r = toolResult(t, do(t, d, mcpPost(alice, confirm), neverCalled(t)), `5`, "approval_pending", true)
+	id = r["structuredContent"].(map[string]any)["approval_id"].(string)
+	_, _, err = m.DecideApproval(t.Context(), state.Decision{ID: id, Approver: "user-bob", Approve: false, Reason: "unknown payee"})
+	require.NoError(t, err)
+	toolResult(t, do(t, d, mcpPost(alice, confirm), neverCalled(t)), `5`, "approval_denied", true)
+	require.Equal(t, 1, up.Executions())
 }
