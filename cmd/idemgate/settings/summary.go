@@ -13,7 +13,7 @@ import (
 // settings where they belong.
 func (s *Settings) WriteSummary(w io.Writer) error {
 	return s.Runtime.WriteSummary(w, config.ProcessSummary{
-		Listen:  fmt.Sprintf("grpc %s, admin %s", s.GRPCListen, s.AdminListen),
+		Listen:  fmt.Sprintf("grpc %s, admin %s", s.GRPCListen, s.AdminListen) + s.approvalSummary(),
 		Store:   s.Store.summary(),
 		Log:     strings.ToLower(s.Log.Level.String()) + " " + s.Log.Format,
 		Drain:   fmt.Sprintf("%s then stop within %s", s.Drain.Period, s.Drain.Timeout),
@@ -66,4 +66,12 @@ func (s TracingSettings) summary() string {
 	}
 	return fmt.Sprintf("OTLP/gRPC %s (%s, timeout %s), sample ratio %v for new traces (a sampled traceparent is always followed), service %s",
 		s.Endpoint, tls, s.Timeout, s.SampleRatio, s.ServiceName)
+}
+
+// approvalSummary is the approvers' API on the listen line, when served.
+func (s *Settings) approvalSummary() string {
+	if s.ApprovalListen == "" {
+		return ""
+	}
+	return ", approvals " + s.ApprovalListen
 }
