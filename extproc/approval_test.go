@@ -221,6 +221,28 @@ func runApprovalSuite(t *testing.T, e *env, approvals approvalStore, movableCloc
 		require.False(t, found)
 	})
 
+	t.Run("a consumed approval whose claim was given back unsent runs its one execution", func(t *testing.T) {
+		p := newPayments()
+		fp := preview(t, d, alice, `"7000.00"`)
+		c := e.claimsOf(t, fp, alice, "payments.transfer")
+		id := pending(t, fp, `"7000.00"`)
+		decide(t, id, bob, true)
+		// Another gateway consumed it and never sent the request.
+		ans, err := approvals.AcquireApproved(ctx, state.AcquireRequest{Key: c.Nonce, Scope: "payments.transfer", SubjectTag: c.SubjectTag,
+			ParamHash: c.ParamHash, Owner: "other-gateway", Lease: time.Minute, Retention: 72 * time.Hour}, id)
+		require.NoError(t, err)
+		require.Equal(t, state.OutcomeAcquired, ans.Answer.Outcome)
+		gone, err := approvals.AbandonUnsent(ctx, state.Claim{Key: c.Nonce, Owner: "other-gateway", Fence: 1})
+		require.NoError(t, err)
+		require.Equal(t, state.OutcomeOK, gone.Outcome)
+
+		res := do(t, d, confirm(alice, `"7000.00"`, fp), p.handle)
+		require.Nil(t, res.immediate, string(res.body))
+		requireEnvelope(t, do(t, d, confirm(alice, `"7000.00"`, fp), neverCalled(t)), 201, "already_completed", false)
+		require.Equal(t, 1, p.Executions())
+		require.Equal(t, state.ApprovalConsumed, approval(t, id).State)
+	})
+
 	t.Run("an approval store failure is temporarily_unavailable", func(t *testing.T) {
 		fp := preview(t, d, alice, `"5000.00"`)
 		srv, err := NewServer(Options{Config: e.cfg, Store: e.store, Approvals: failingApprovals{approvals}, Logger: e.logger, Metrics: NewMetrics(prometheus.NewRegistry()), Now: e.clock.Now})
