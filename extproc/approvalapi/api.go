@@ -30,6 +30,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemgate/idemgate/extproc/approver"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/security"
 	"github.com/idemgate/idemgate/state"
@@ -95,8 +96,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Verify first: without a valid token nothing is said, not even 404.
-	subject, ops := h.authenticate(r)
+	subject, ops, keysDown := h.authenticate(r)
 	if len(ops) == 0 {
+		if keysDown {
+			w.Header().Set("Retry-After", "5")
+			writeError(w, http.StatusServiceUnavailable, "keys_unavailable", "the approvers' signing keys cannot be fetched right now; nothing was decided, retry")
+			return
+		}
 		writeError(w, http.StatusUnauthorized, "unauthorized", "a valid approver bearer token is required")
 		return
 	}
@@ -126,23 +132,30 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // authenticate verifies the bearer token against every gated operation's
 // approvers.jwt and returns the approver and the operations it may decide.
-func (h *Handler) authenticate(r *http.Request) (string, map[string]bool) {
+// keysDown: no verifier accepted it and some could not fetch their keys
+// (a remote JWKS that is down and not cached), which is no verdict on the
+// token.
+func (h *Handler) authenticate(r *http.Request) (subject string, ops map[string]bool, keysDown bool) {
 	auth := r.Header.Get("Authorization")
 	scheme, token, found := strings.Cut(auth, " ")
 	if !found || !strings.EqualFold(scheme, "bearer") || strings.TrimSpace(token) == "" {
 		h.report(r, security.Event{Reason: ReasonApproverToken, Request: "no bearer token"})
-		return "", nil
+		return "", nil, false
 	}
 	token = strings.TrimSpace(token)
-	subject := ""
-	ops := map[string]bool{}
+	ops = map[string]bool{}
 	var lastErr error
 	for name, op := range h.ops {
 		v := op.Approval.Verifier
-		if v == nil || v.Keys == nil {
+		if v == nil || (v.Keys == nil && v.Remote == nil) {
 			continue
 		}
 		c, err := v.Verify(token)
+		if errors.Is(err, approver.ErrKeysUnavailable) {
+			keysDown = true
+			h.opts.Logger.Warn("approver keys unavailable", "operation", name, "error", err)
+			continue
+		}
 		if err != nil {
 			lastErr = err
 			continue
@@ -153,14 +166,11 @@ func (h *Handler) authenticate(r *http.Request) (string, map[string]bool) {
 		subject = c.Subject
 		ops[name] = true
 	}
-	if len(ops) == 0 {
-		msg := "no verifier configured"
-		if lastErr != nil {
-			msg = lastErr.Error()
-		}
-		h.report(r, security.Event{Reason: ReasonApproverToken, Request: quoteCut(msg)})
+	if len(ops) == 0 && lastErr != nil {
+		h.report(r, security.Event{Reason: ReasonApproverToken, Request: quoteCut(lastErr.Error())})
+		keysDown = false
 	}
-	return subject, ops
+	return subject, ops, keysDown
 }
 
 func (h *Handler) report(r *http.Request, e security.Event) {

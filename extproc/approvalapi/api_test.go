@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -270,4 +271,53 @@ func runAPI(t *testing.T, store statetest.ApprovalStore) {
 		require.Equal(t, "expired", body["approval"].(map[string]any)["state"])
 		require.Equal(t, []string{ReasonLapsedApproval}, f.events.take())
 	})
+}
+
+// TestApproversAPIRemoteJWKS: keys from jwks_url; while the IdP is down
+// and nothing is cached the API answers 503 (no verdict on the token),
+// then the fetched keys verify.
+func TestApproversAPIRemoteJWKS(t *testing.T) {
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	var (
+		mu sync.Mutex
+		up bool
+	)
+	idp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !up {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintf(w, `{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"a1","x":%q}]}`, b64.EncodeToString(pub))
+	}))
+	defer idp.Close()
+	yaml := strings.Replace(configYAML, "jwks_file: /approvers.jwks", "jwks_url: \""+idp.URL+"/jwks\"", 1)
+	rt, _, err := config.Parse("test.yaml", []byte(yaml), "", config.Options{
+		LookupEnv: func(k string) (string, bool) { return "dGVzdC1rZXktazEtbm90LWEtc2VjcmV0LTMyYnl0ZXM=", k == "K1" },
+	})
+	require.NoError(t, err)
+	rt.Operations[0].Approval.Verifier.Remote.MinRefresh = time.Nanosecond
+	store := memory.New(memory.Options{})
+	ev := &events{}
+	h, err := New(Options{Config: rt, Approvals: store, Security: ev})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	f := &fixture{srv: srv, key: key, store: store, events: ev}
+	tok := f.token(key, "alice", time.Now().Add(time.Minute))
+
+	code, body := f.call(t, "GET", "/v1/approvals", tok, "")
+	require.Equal(t, 503, code)
+	require.Equal(t, "keys_unavailable", body["error"])
+	require.Empty(t, ev.take(), "an IdP outage is not a security event")
+
+	mu.Lock()
+	up = true
+	mu.Unlock()
+	code, _ = f.call(t, "GET", "/v1/approvals", tok, "")
+	require.Equal(t, 200, code)
+	code, _ = f.call(t, "GET", "/v1/approvals", f.token(f.key, "alice", time.Now().Add(-time.Hour)), "")
+	require.Equal(t, 401, code)
 }

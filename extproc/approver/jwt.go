@@ -132,12 +132,23 @@ func parseJWK(k jwk) (Key, error) {
 	return key, nil
 }
 
-// Verifier checks approver tokens.
+func (s *KeySet) has(kid string) bool {
+	for _, k := range s.Keys {
+		if k.ID == kid {
+			return true
+		}
+	}
+	return false
+}
+
+// Verifier checks approver tokens against Keys, or, when Keys is nil, the
+// keys of Remote.
 type Verifier struct {
 	Issuer   string
 	Audience string
 	Leeway   time.Duration
 	Keys     *KeySet
+	Remote   *RemoteJWKS
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -176,8 +187,23 @@ func (v *Verifier) Verify(token string) (Claims, error) {
 		return Claims{}, fmt.Errorf("%w: bad signature encoding", ErrInvalidToken)
 	}
 	signed := []byte(parts[0] + "." + parts[1])
+	keys := v.Keys
+	if keys == nil {
+		if v.Remote == nil {
+			return Claims{}, fmt.Errorf("%w: no keys configured", ErrKeysUnavailable)
+		}
+		if keys, err = v.Remote.Keys(false); err != nil {
+			return Claims{}, err
+		}
+		if hdr.Kid != "" && !keys.has(hdr.Kid) {
+			// The IdP may have rotated: refresh early (rate-limited).
+			if keys, err = v.Remote.Keys(true); err != nil {
+				return Claims{}, err
+			}
+		}
+	}
 	verified := false
-	for _, k := range v.Keys.Keys {
+	for _, k := range keys.Keys {
 		if k.Alg != hdr.Alg || (hdr.Kid != "" && k.ID != hdr.Kid) {
 			continue
 		}

@@ -12,7 +12,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,4 +139,60 @@ func TestParseJWKSRefuses(t *testing.T) {
 		_, err := ParseJWKS([]byte(doc))
 		require.Error(t, err, name)
 	}
+}
+
+func TestRemoteJWKSCachesAndRefreshesOnRotation(t *testing.T) {
+	ec, _, ed, jwks := testKeys(t)
+	var (
+		mu      sync.Mutex
+		fetches int
+		body    = []byte(`{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"old","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}`)
+		down    bool
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		fetches++
+		if down {
+			http.Error(w, "down", 503)
+			return
+		}
+		_, _ = w.Write(body)
+	}))
+	defer srv.Close()
+	now := time.Unix(1_800_000_000, 0)
+	clock := func() time.Time { return now }
+	remote := &RemoteJWKS{URL: srv.URL, Cache: time.Minute, MinRefresh: 10 * time.Second, Now: clock}
+	v := &Verifier{Issuer: "https://idp.example", Audience: "a", Remote: remote, Now: clock}
+	claims := map[string]any{"iss": "https://idp.example", "aud": "a", "sub": "alice", "exp": now.Add(time.Hour).Unix()}
+
+	// The IdP rotates to the test set: the unknown kid refreshes early.
+	_, err := v.Verify(sign(t, "EdDSA", "ed", ed, claims))
+	require.ErrorIs(t, err, ErrInvalidToken, "the first set does not hold kid ed")
+	mu.Lock()
+	body = jwks
+	mu.Unlock()
+	now = now.Add(11 * time.Second)
+	c, err := v.Verify(sign(t, "EdDSA", "ed", ed, claims))
+	require.NoError(t, err)
+	require.Equal(t, "alice", c.Subject)
+	for range 5 {
+		_, err = v.Verify(sign(t, "ES256", "ec", ec, claims))
+		require.NoError(t, err)
+	}
+	mu.Lock()
+	require.Equal(t, 2, fetches, "cached between refreshes")
+	down = true
+	mu.Unlock()
+
+	// Past the cache life with the IdP down: the cached set still verifies.
+	now = now.Add(2 * time.Minute)
+	_, err = v.Verify(sign(t, "ES256", "ec", ec, claims))
+	require.NoError(t, err)
+
+	// Nothing cached and the IdP down: no token verifies.
+	cold := &Verifier{Issuer: "https://idp.example", Audience: "a", Remote: &RemoteJWKS{URL: srv.URL, Now: clock}, Now: clock}
+	_, err = cold.Verify(sign(t, "ES256", "ec", ec, claims))
+	require.ErrorIs(t, err, ErrKeysUnavailable)
+	require.NotErrorIs(t, err, ErrInvalidToken)
 }

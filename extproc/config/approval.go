@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"math/big"
+	"net"
 	"net/url"
 	"regexp"
 	"strings"
@@ -46,6 +47,10 @@ type ApproverJWTSpec struct {
 	Issuer   string `yaml:"issuer"`
 	Audience string `yaml:"audience"`
 	JWKSFile string `yaml:"jwks_file"`
+	// JWKSURL is fetched (https, or http on a loopback host) and cached
+	// for JWKSCache; exactly one of JWKSFile and JWKSURL.
+	JWKSURL   string `yaml:"jwks_url"`
+	JWKSCache string `yaml:"jwks_cache"`
 	// Leeway bounds the clock skew allowed on exp and nbf.
 	Leeway string `yaml:"leeway"`
 }
@@ -175,7 +180,7 @@ func (c *compiler) approval(op *Operation, a *ApprovalSpec, at func(...any) []an
 
 func (c *compiler) approverJWT(j *ApproverJWTSpec, at func(...any) []any) (*approver.Verifier, string) {
 	if j == nil {
-		c.errorf(at(), "required: how approvers' bearer tokens are verified ({issuer, audience, jwks_file})")
+		c.errorf(at(), "required: how approvers' bearer tokens are verified ({issuer, audience, jwks_file or jwks_url})")
 		return nil, ""
 	}
 	v := &approver.Verifier{Issuer: j.Issuer, Audience: j.Audience}
@@ -191,8 +196,17 @@ func (c *compiler) approverJWT(j *ApproverJWTSpec, at func(...any) []any) (*appr
 	if v.Leeway > MaxApproverLeeway {
 		c.errorf(at("leeway"), "%s is too long (at most %s): leeway extends every approver token's life", v.Leeway, MaxApproverLeeway)
 	}
+	switch {
+	case j.JWKSFile != "" && j.JWKSURL != "":
+		c.errorf(at("jwks_url"), "set only one of jwks_file and jwks_url")
+		return v, ""
+	case j.JWKSURL != "":
+		return c.approverJWKSURL(v, j, at)
+	case j.JWKSCache != "":
+		c.errorf(at("jwks_cache"), "applies to jwks_url only")
+	}
 	if j.JWKSFile == "" {
-		c.errorf(at("jwks_file"), "required: the JWKS file whose keys sign approver tokens")
+		c.errorf(at("jwks_file"), "required: the JWKS file (or jwks_url) whose keys sign approver tokens")
 		return v, ""
 	}
 	if c.opts.Offline {
@@ -209,6 +223,29 @@ func (c *compiler) approverJWT(j *ApproverJWTSpec, at func(...any) []any) (*appr
 	}
 	v.Keys = keys
 	return v, j.JWKSFile
+}
+
+// approverJWKSURL checks jwks_url; the keys are fetched when the first
+// token is verified (an IdP that is down must not stop serve), then cached.
+func (c *compiler) approverJWKSURL(v *approver.Verifier, j *ApproverJWTSpec, at func(...any) []any) (*approver.Verifier, string) {
+	u, err := url.Parse(j.JWKSURL)
+	switch {
+	case err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http"):
+		c.errorf(at("jwks_url"), "invalid URL %q: use https:// with a host", j.JWKSURL)
+	case u.Scheme == "http" && !loopbackHost(u.Hostname()):
+		c.errorf(at("jwks_url"), "%s: plain http is accepted for a loopback host only; the keys that decide who approves must not travel unprotected", j.JWKSURL)
+	}
+	cache := c.duration(at("jwks_cache"), j.JWKSCache, DurationRule{Default: approver.DefaultJWKSCache})
+	v.Remote = &approver.RemoteJWKS{URL: j.JWKSURL, Cache: cache}
+	return v, j.JWKSURL + " (cached " + cache.String() + ")"
+}
+
+func loopbackHost(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }
 
 func (a *ApprovalSettings) summary() string {

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -135,7 +136,7 @@ func TestBadApprovalBlocks(t *testing.T) {
       rules: [{param: amount, at_least: "1"}]
       approvers: {required: 1}
 `, []string{
-			"approval.yaml:15:19: operations[0].approval.approvers.jwt: required: how approvers' bearer tokens are verified ({issuer, audience, jwks_file})",
+			"approval.yaml:15:19: operations[0].approval.approvers.jwt: required: how approvers' bearer tokens are verified ({issuer, audience, jwks_file or jwks_url})",
 		}},
 		{"missing jwks", `    approval:
       rules: [{param: amount, at_least: "1"}]
@@ -144,6 +145,25 @@ func TestBadApprovalBlocks(t *testing.T) {
 			"approval.yaml:15:78: operations[0].approval.approvers.jwt.jwks_file: failed to read JWKS file /etc/idemgate/nope.jwks: file does not exist",
 		}},
 	}
+	cases = append(cases, []struct {
+		name string
+		yaml string
+		want []string
+	}{
+		{"file and url", `    approval:
+      rules: [{param: amount, at_least: "1"}]
+      approvers: {jwt: {issuer: https://idp.example, audience: a, jwks_file: /etc/idemgate/approvers.jwks, jwks_url: "https://idp.example/jwks"}}
+`, []string{
+			"approval.yaml:15:118: operations[0].approval.approvers.jwt.jwks_url: set only one of jwks_file and jwks_url",
+		}},
+		{"plain http", `    approval:
+      rules: [{param: amount, at_least: "1"}]
+      approvers: {jwt: {issuer: https://idp.example, audience: a, jwks_url: "http://idp.example/jwks", jwks_cache: 0s}}
+`, []string{
+			"approval.yaml:15:77: operations[0].approval.approvers.jwt.jwks_url: http://idp.example/jwks: plain http is accepted for a loopback host only; the keys that decide who approves must not travel unprotected",
+			"approval.yaml:15:116: operations[0].approval.approvers.jwt.jwks_cache: must be positive, got 0s",
+		}},
+	}...)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := Parse("approval.yaml", []byte(approvalHead+tc.yaml), "", approvalOptions())
@@ -155,4 +175,17 @@ func TestBadApprovalBlocks(t *testing.T) {
 			require.Equal(t, tc.want, got)
 		})
 	}
+}
+
+func TestApprovalJWKSURL(t *testing.T) {
+	rt, _, err := Parse("approval.yaml", []byte(approvalHead+`    approval:
+      rules: [{param: amount, at_least: "1"}]
+      approvers: {jwt: {issuer: https://idp.example, audience: a, jwks_url: "https://idp.example/.well-known/jwks.json", jwks_cache: 10m}}
+`), "", approvalOptions())
+	require.NoError(t, err)
+	v := rt.Operations[0].Approval.Verifier
+	require.Nil(t, v.Keys, "fetched when the first token is verified, not at load")
+	require.Equal(t, "https://idp.example/.well-known/jwks.json", v.Remote.URL)
+	require.Equal(t, 10*time.Minute, v.Remote.Cache)
+	require.Equal(t, "https://idp.example/.well-known/jwks.json (cached 10m0s)", rt.Operations[0].Approval.JWKSFile)
 }
