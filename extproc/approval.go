@@ -83,6 +83,9 @@ func (ex *exchange) gatedConfirm(claims fingerprint.Claims, params fingerprint.P
 	if created {
 		ex.logger().Info("confirm needs approval", "approval_id", a.ID, "rules", fired)
 		ex.srv.metrics.approvals.WithLabelValues(ex.op.Name, "requested").Inc()
+		if ex.srv.notifier != nil {
+			ex.srv.notifier.Requested(a, ex.op)
+		}
 	}
 	return ex.byApproval(a, claims, headersOnly, 0)
 }

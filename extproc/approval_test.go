@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -332,4 +333,37 @@ func TestApprovalMCP(t *testing.T) {
 	require.NoError(t, err)
 	toolResult(t, do(t, d, mcpPost(alice, confirm), neverCalled(t)), `5`, "approval_denied", true)
 	require.Equal(t, 1, up.Executions())
+}
+
+// notices records what the server asks to be notified of.
+type notices struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (n *notices) Requested(a state.Approval, op *config.Operation) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.ids = append(n.ids, op.Name+" "+a.ID)
+}
+
+// TestApprovalNotifiedOnce: the notifier hears of an approval when it is
+// created, not on the retries that find it.
+func TestApprovalNotifiedOnce(t *testing.T) {
+	clk := newClock()
+	m := memory.New(memory.Options{Now: clk.Now})
+	e := newApprovalEnv(t, m, m, clk)
+	n := &notices{}
+	srv, err := NewServer(Options{Config: e.cfg, Store: e.store, Approvals: m, Notifier: n, Logger: e.logger, Metrics: NewMetrics(prometheus.NewRegistry()), Now: e.clock.Now})
+	require.NoError(t, err)
+	d := fakeDialer{srv: srv}
+	fp := preview(t, d, "user-alice", `"1500.00"`)
+	var id string
+	for range 3 {
+		res := do(t, d, post("/v1/transfers/confirm", "user-alice", transferBody(`"1500.00"`, "EUR", "DE89", fp)), neverCalled(t))
+		id = requireEnvelope(t, res, 202, "approval_pending", true)["approval_id"].(string)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	require.Equal(t, []string{"transfer " + id}, n.ids)
 }

@@ -61,6 +61,14 @@ type Options struct {
 	// PostgreSQL's, or the memory store's. Nil (Redis alone): every
 	// confirm that may need approval answers temporarily_unavailable.
 	Approvals state.Approvals
+	// Notifier is told of each approval created (nil: nobody is).
+	Notifier ApprovalNotifier
+}
+
+// ApprovalNotifier tells people of a new approval; it must not block
+// (approvalnotify.Notifier queues).
+type ApprovalNotifier interface {
+	Requested(a state.Approval, op *config.Operation)
 }
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
@@ -70,6 +78,7 @@ type Server struct {
 	cfg       *config.Runtime
 	store     state.Store
 	approvals state.Approvals
+	notifier  ApprovalNotifier
 	log       *slog.Logger
 	metrics   *Metrics
 	security  SecurityReporter
@@ -119,6 +128,7 @@ func NewServer(opts Options) (*Server, error) {
 		cfg:          opts.Config,
 		store:        opts.Store,
 		approvals:    opts.Approvals,
+		notifier:     opts.Notifier,
 		log:          opts.Logger,
 		metrics:      opts.Metrics,
 		security:     opts.Security,

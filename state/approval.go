@@ -240,6 +240,10 @@ type Approvals interface {
 	// is marked EXPIRED) and Answer is nil; if a record already exists the
 	// approval is left as it was and Answer says what is there.
 	AcquireApproved(ctx context.Context, req AcquireRequest, approvalID string) (ApprovedAnswer, error)
+
+	// RecordNotified appends a notified event (actor: who was told) to an
+	// approval; its state does not change. found is false for an unknown id.
+	RecordNotified(ctx context.Context, id, actor string) (found bool, err error)
 }
 
 // Grants reports whether a (already lapsed if due) lets req execute: it is

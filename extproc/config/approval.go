@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/base64"
 	"fmt"
 	"math/big"
 	"net"
@@ -19,6 +20,28 @@ type ApprovalSpec struct {
 	Rules     []ApprovalRuleSpec `yaml:"rules"`
 	Approvers ApproversSpec      `yaml:"approvers"`
 	TTL       string             `yaml:"ttl"`
+	Notify    *NotifySpec        `yaml:"notify"`
+}
+
+// NotifySpec says who is told of a new approval: a webhook whose URL and
+// Standard Webhooks secret (whsec_<base64>) come from the environment.
+type NotifySpec struct {
+	Webhook *NotifyWebhookSpec `yaml:"webhook"`
+}
+
+// NotifyWebhookSpec names the environment variables of the webhook.
+type NotifyWebhookSpec struct {
+	URLEnv    string `yaml:"url_env"`
+	SecretEnv string `yaml:"secret_env"`
+}
+
+// NotifySettings is the compiled notify webhook.
+type NotifySettings struct {
+	URL string
+	// Key is the decoded secret: the HMAC-SHA256 key of the signatures.
+	Key []byte
+	// Source names where URL and Key came from (no material).
+	Source string
 }
 
 // ApprovalRuleSpec is one rule: {param, at_least} or {daily_total: ...}.
@@ -78,8 +101,10 @@ type ApprovalSettings struct {
 	// Required is how many distinct approvers must approve (default 1).
 	Required int
 	// TTL is the longest life of an approval and of a fingerprint whose
-	// params match an at_least rule.
+	// params match an at_least rule; the webhook is retried for as long.
 	TTL time.Duration
+	// Notify is the webhook told of each new approval (nil: none).
+	Notify *NotifySettings
 }
 
 // ApprovalRule is one compiled rule. AtLeast is set for {param, at_least};
@@ -172,6 +197,9 @@ func (c *compiler) approval(op *Operation, a *ApprovalSpec, at func(...any) []an
 	}
 	out.Verifier, out.JWKSFile = c.approverJWT(a.Approvers.JWT, func(segs ...any) []any { return base(append([]any{"approvers", "jwt"}, segs...)...) })
 	out.TTL = c.duration(base("ttl"), a.TTL, DurationRule{Default: DefaultApprovalTTL})
+	if a.Notify != nil {
+		out.Notify = c.notify(a.Notify, func(segs ...any) []any { return base(append([]any{"notify"}, segs...)...) })
+	}
 	if need := out.TTL + rt.TTL.InFlight + TTLClockMargin; rt.TTL.Terminal < need {
 		c.errorf(base("ttl"), "ttl.terminal (%s) must be at least approval.ttl + ttl.in_flight + %s (%s): a record must outlive every gated fingerprint that can reach it", rt.TTL.Terminal, TTLClockMargin, need)
 	}
@@ -225,6 +253,50 @@ func (c *compiler) approverJWT(j *ApproverJWTSpec, at func(...any) []any) (*appr
 	return v, j.JWKSFile
 }
 
+// notifyStandIn is the secret of an offline check: well-formed, public,
+// never a real key.
+const notifyStandIn = "whsec_b2ZmbGluZS1jaGVjay1zdGFuZC1pbi1zZWNyZXQ="
+
+func (c *compiler) notify(n *NotifySpec, at func(...any) []any) *NotifySettings {
+	if n.Webhook == nil {
+		c.errorf(at(), "required: webhook {url_env, secret_env}")
+		return nil
+	}
+	w := n.Webhook
+	urlText, _, okURL := c.secret(at("webhook"), SecretRef{What: "approval webhook URL", EnvKey: "url_env", Env: w.URLEnv, FileKey: "url_file", StandIn: "https://offline.invalid/approvals"})
+	secret, _, okSecret := c.secret(at("webhook"), SecretRef{What: "approval webhook secret", EnvKey: "secret_env", Env: w.SecretEnv, FileKey: "secret_file", StandIn: notifyStandIn})
+	if !okURL || !okSecret {
+		return nil
+	}
+	out := &NotifySettings{Source: "env " + w.URLEnv + ", secret env " + w.SecretEnv}
+	u, err := url.Parse(urlText)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		c.errorf(at("webhook", "url_env"), "environment variable %s does not hold a URL (http:// or https:// with a host)", w.URLEnv)
+		return nil
+	}
+	out.URL = urlText
+	key, ok := DecodeWebhookSecret(secret)
+	if !ok {
+		c.errorf(at("webhook", "secret_env"), "environment variable %s does not hold a Standard Webhooks secret: whsec_ and the base64 of 24 to 64 random bytes", w.SecretEnv)
+		return nil
+	}
+	out.Key = key
+	return out
+}
+
+// DecodeWebhookSecret reads a Standard Webhooks secret, whsec_<base64>.
+func DecodeWebhookSecret(s string) ([]byte, bool) {
+	b64, ok := strings.CutPrefix(strings.TrimSpace(s), "whsec_")
+	if !ok {
+		return nil, false
+	}
+	key, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil || len(key) < 24 || len(key) > 64 {
+		return nil, false
+	}
+	return key, true
+}
+
 // approverJWKSURL checks jwks_url; the keys are fetched when the first
 // token is verified (an IdP that is down must not stop serve), then cached.
 func (c *compiler) approverJWKSURL(v *approver.Verifier, j *ApproverJWTSpec, at func(...any) []any) (*approver.Verifier, string) {
@@ -257,6 +329,10 @@ func (a *ApprovalSettings) summary() string {
 	if a.DistinctFromRequester {
 		four = "not the requester"
 	}
-	return fmt.Sprintf("when %s; %d approver(s), %s; ttl %s; tokens iss %s aud %s from %s (leeway %s)",
-		strings.Join(rules, " or "), a.Required, four, a.TTL, a.Verifier.Issuer, a.Verifier.Audience, a.JWKSFile, a.Verifier.Leeway)
+	notify := ""
+	if a.Notify != nil {
+		notify = "; notify webhook (" + a.Notify.Source + ")"
+	}
+	return fmt.Sprintf("when %s; %d approver(s), %s; ttl %s; tokens iss %s aud %s from %s (leeway %s)%s",
+		strings.Join(rules, " or "), a.Required, four, a.TTL, a.Verifier.Issuer, a.Verifier.Audience, a.JWKSFile, a.Verifier.Leeway, notify)
 }

@@ -189,3 +189,31 @@ func TestApprovalJWKSURL(t *testing.T) {
 	require.Equal(t, 10*time.Minute, v.Remote.Cache)
 	require.Equal(t, "https://idp.example/.well-known/jwks.json (cached 10m0s)", rt.Operations[0].Approval.JWKSFile)
 }
+
+func TestApprovalNotify(t *testing.T) {
+	o := approvalOptions()
+	env := map[string]string{
+		"IDEMGATE_TEST_KEY_K1": testEnv["IDEMGATE_TEST_KEY_K1"],
+		"HOOK_URL":             "https://hooks.example/approvals",
+		"HOOK_SECRET":          "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+		"BAD_SECRET":           "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+	}
+	o.LookupEnv = func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	block := func(url, secret string) []byte {
+		return []byte(approvalHead + `    approval:
+      rules: [{param: amount, at_least: "1"}]
+      approvers: {jwt: {issuer: https://idp.example, audience: a, jwks_file: /etc/idemgate/approvers.jwks}}
+      notify: {webhook: {url_env: ` + url + `, secret_env: ` + secret + `}}
+`)
+	}
+	rt, _, err := Parse("approval.yaml", block("HOOK_URL", "HOOK_SECRET"), "", o)
+	require.NoError(t, err)
+	n := rt.Operations[0].Approval.Notify
+	require.Equal(t, "https://hooks.example/approvals", n.URL)
+	require.Len(t, n.Key, 24)
+
+	_, _, err = Parse("approval.yaml", block("HOOK_URL", "BAD_SECRET"), "", o)
+	require.ErrorContains(t, err, "environment variable BAD_SECRET does not hold a Standard Webhooks secret")
+	_, _, err = Parse("approval.yaml", block("MISSING", "HOOK_SECRET"), "", o)
+	require.ErrorContains(t, err, "environment variable MISSING (the approval webhook URL) is not set")
+}

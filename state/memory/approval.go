@@ -171,3 +171,18 @@ func (s *Store) AcquireApproved(ctx context.Context, req state.AcquireRequest, a
 }
 
 var errDuplicateID = errors.New("approval id already used")
+
+// RecordNotified implements state.Approvals.
+func (s *Store) RecordNotified(ctx context.Context, id, actor string) (bool, error) {
+	now, err := s.begin(ctx, "record notified")
+	if err != nil {
+		return false, err
+	}
+	defer s.mu.Unlock()
+	a, ok := s.approvals[id]
+	if !ok {
+		return false, nil
+	}
+	a.Events = append(a.Events, state.ApprovalEvent{Kind: state.EventNotified, Actor: actor, At: now})
+	return true, nil
+}

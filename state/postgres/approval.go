@@ -338,3 +338,13 @@ func (s *Store) AcquireApproved(ctx context.Context, req state.AcquireRequest, a
 	}
 	return out, nil
 }
+
+// RecordNotified implements state.Approvals.
+func (s *Store) RecordNotified(ctx context.Context, id, actor string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `INSERT INTO approval_event (approval_id, kind, actor)
+SELECT approval_id, 'notified', $2 FROM approval WHERE approval_id = $1`, id, actor)
+	if err != nil {
+		return false, state.Unavailable("record notified in postgres", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

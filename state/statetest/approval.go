@@ -58,6 +58,7 @@ func RunApprovals(t *testing.T, newStore func(t *testing.T) ApprovalStore, opts 
 		{"ConcurrentConsume", s.concurrentConsume},
 		{"ConcurrentApprovers", s.concurrentApprovers},
 		{"List", s.list},
+		{"RecordNotified", s.recordNotified},
 		{"InvalidArguments", s.invalidArguments},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
@@ -451,4 +452,19 @@ func (s *approvalSuite) invalidArguments(t *testing.T, st ApprovalStore) {
 	require.ErrorIs(t, err, state.ErrInvalidArgument, "a decision needs a reason")
 	_, _, err = st.DecideApproval(ctxT(t), state.Decision{ID: a.ID, Approve: true, Reason: "ok"})
 	require.ErrorIs(t, err, state.ErrInvalidArgument)
+}
+
+func (s *approvalSuite) recordNotified(t *testing.T, st ApprovalStore) {
+	a := create(t, st, s.request(NewKey(t)))
+	found, err := st.RecordNotified(ctxT(t), a.ID, "https://hooks.example")
+	require.NoError(t, err)
+	require.True(t, found)
+	got, _, err := st.GetApproval(ctxT(t), a.ID)
+	require.NoError(t, err)
+	require.Equal(t, state.ApprovalPending, got.State)
+	require.Equal(t, []string{state.EventRequested, state.EventNotified}, kinds(got))
+	require.Equal(t, "https://hooks.example", got.Events[1].Actor)
+	found, err = st.RecordNotified(ctxT(t), state.NewApprovalID(), "x")
+	require.NoError(t, err)
+	require.False(t, found)
 }

@@ -79,3 +79,12 @@ func (s *Store) AcquireApproved(ctx context.Context, req state.AcquireRequest, a
 	}
 	return a.AcquireApproved(ctx, req, approvalID)
 }
+
+// RecordNotified implements state.Approvals on PostgreSQL.
+func (s *Store) RecordNotified(ctx context.Context, id, actor string) (bool, error) {
+	a, err := s.approvals("record notified")
+	if err != nil {
+		return false, err
+	}
+	return a.RecordNotified(ctx, id, actor)
+}

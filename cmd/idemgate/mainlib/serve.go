@@ -21,6 +21,7 @@ import (
 	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc"
 	"github.com/idemgate/idemgate/extproc/approvalapi"
+	"github.com/idemgate/idemgate/extproc/approvalnotify"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/security"
 	"github.com/idemgate/idemgate/state"
@@ -143,7 +144,13 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 	if tracer != nil {
 		store = state.Trace(store, ss.backend, tracer)
 	}
-	srv, err := extproc.NewServer(extproc.Options{Config: rt, Store: store, Approvals: ss.approvals, Logger: logger, Metrics: metrics, Security: reporter, Tracer: tracer})
+	var notifier extproc.ApprovalNotifier
+	if ss.approvals != nil && notifies(rt) {
+		n := approvalnotify.New(approvalnotify.Options{Approvals: ss.approvals, Logger: logger})
+		defer n.Close()
+		notifier = n
+	}
+	srv, err := extproc.NewServer(extproc.Options{Config: rt, Store: store, Approvals: ss.approvals, Notifier: notifier, Logger: logger, Metrics: metrics, Security: reporter, Tracer: tracer})
 	if err != nil {
 		return err
 	}
@@ -282,4 +289,14 @@ func serveApprovals(cfg *settings.Settings, rt *config.Runtime, ss *storeSet, re
 	}()
 	logger.Info("approvers' API serving", "listen", lis.Addr().String())
 	return srv, nil
+}
+
+// notifies reports whether some operation has an approval webhook.
+func notifies(rt *config.Runtime) bool {
+	for _, op := range rt.Operations {
+		if op.Approval != nil && op.Approval.Notify != nil {
+			return true
+		}
+	}
+	return false
 }

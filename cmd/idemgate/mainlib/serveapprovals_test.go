@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,6 +30,16 @@ func TestServeApprovals(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "approvers.jwks"),
 		[]byte(fmt.Sprintf(`{"keys":[{"kty":"OKP","crv":"Ed25519","x":%q}]}`, b64.EncodeToString(pub))), 0o600))
 	approvalAddr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	hooked := make(chan http.Header, 1)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case hooked <- r.Header.Clone():
+		default:
+		}
+	}))
+	defer hook.Close()
+	t.Setenv("IDEMGATE_TEST_HOOK_URL", hook.URL)
+	t.Setenv("IDEMGATE_TEST_HOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
 	t.Setenv("IDEMGATE_KEY_K1", testKey)
 	path := filepath.Join(dir, "idemgate.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(`signing: {active_key: k1, keys: {k1: {env: IDEMGATE_KEY_K1}}}
@@ -46,6 +57,7 @@ operations:
     approval:
       rules: [{param: amount, at_least: "1000"}]
       approvers: {jwt: {issuer: https://idp.example, audience: idemgate-approvals, jwks_file: approvers.jwks}}
+      notify: {webhook: {url_env: IDEMGATE_TEST_HOOK_URL, secret_env: IDEMGATE_TEST_HOOK_SECRET}}
 `), 0o600))
 	s := startServe(t, path)
 	conn := s.conn(t)
@@ -66,6 +78,13 @@ operations:
 	require.NoError(t, json.Unmarshal(imm.GetBody(), &env))
 	require.Equal(t, "approval_pending", env["status"])
 	id := env["approval_id"].(string)
+	select {
+	case h := <-hooked:
+		require.Equal(t, id, h.Get("webhook-id"))
+		require.True(t, strings.HasPrefix(h.Get("webhook-signature"), "v1,"))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the approval webhook was not called")
+	}
 
 	token := func(sub string) string {
 		h, _ := json.Marshal(map[string]any{"alg": "EdDSA"})
