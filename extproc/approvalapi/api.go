@@ -42,6 +42,9 @@ const (
 	ReasonSelfApproval    = "self_approval"
 	ReasonUnknownApproval = "approval_unknown"
 	ReasonLapsedApproval  = "approval_lapsed"
+	// ReasonForgedForm: a page form post without the token of the page
+	// the approver loaded (cross-site request forgery).
+	ReasonForgedForm = "approval_form_forged"
 )
 
 // Reporter receives security events (extproc's reporter).
@@ -90,8 +93,9 @@ func New(opts Options) (*Handler, error) {
 const maxBody = 16 << 10
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/approvals")
-	if !ok {
+	rest, api := strings.CutPrefix(r.URL.Path, "/v1/approvals")
+	pageID, page := strings.CutPrefix(r.URL.Path, "/approvals/")
+	if !api && !page {
 		writeError(w, http.StatusNotFound, "not_found", "no such endpoint")
 		return
 	}
@@ -104,6 +108,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		writeError(w, http.StatusUnauthorized, "unauthorized", "a valid approver bearer token is required")
+		return
+	}
+	if page {
+		if pageID == "" || strings.Contains(pageID, "/") {
+			writeError(w, http.StatusNotFound, "not_found", "no such endpoint")
+			return
+		}
+		h.page(w, r, pageID, subject, ops)
 		return
 	}
 	switch parts := strings.Split(strings.Trim(rest, "/"), "/"); {
