@@ -83,6 +83,7 @@ func (ex *exchange) gatedConfirm(claims fingerprint.Claims, params fingerprint.P
 	if created {
 		ex.logger().Info("confirm needs approval", "approval_id", a.ID, "rules", fired)
 		ex.srv.metrics.approvals.WithLabelValues(ex.op.Name, "requested").Inc()
+		ex.traceApproval("requested", a.ID)
 		if ex.srv.notifier != nil {
 			ex.srv.notifier.Requested(a, ex.op)
 		}
@@ -149,6 +150,7 @@ func (ex *exchange) acquireApproved(a state.Approval, claims fingerprint.Claims,
 	if ans.Answer.Outcome == state.OutcomeAcquired {
 		ex.logger().Info("approval consumed by the execution", "approval_id", a.ID)
 		ex.srv.metrics.approvals.WithLabelValues(ex.op.Name, "consumed").Inc()
+		ex.traceApproval("consumed", a.ID)
 	}
 	return ex.answer(*ans.Answer, claims, owner, headersOnly, 0)
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/security"
@@ -366,4 +368,43 @@ func TestApprovalNotifiedOnce(t *testing.T) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	require.Equal(t, []string{"transfer " + id}, n.ids)
+}
+
+// TestApprovalTransitionsAreSpanEvents: the stream that creates an
+// approval and the one that consumes it say so on their spans.
+func TestApprovalTransitionsAreSpanEvents(t *testing.T) {
+	clk := newClock()
+	m := memory.New(memory.Options{Now: clk.Now})
+	e := newApprovalEnv(t, m, m, clk)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
+	srv, err := NewServer(Options{Config: e.cfg, Store: e.store, Approvals: m, Logger: e.logger, Metrics: NewMetrics(prometheus.NewRegistry()),
+		Now: e.clock.Now, Tracer: tp.Tracer(TracerName)})
+	require.NoError(t, err)
+	d := fakeDialer{srv: srv}
+	fp := preview(t, d, "user-alice", `"1500.00"`)
+	confirm := post("/v1/transfers/confirm", "user-alice", transferBody(`"1500.00"`, "EUR", "DE89", fp))
+	exp.Reset()
+	id := requireEnvelope(t, do(t, d, confirm, neverCalled(t)), 202, "approval_pending", true)["approval_id"].(string)
+	eventOf := func(name string) map[string]string {
+		root, _ := streamSpans(t, exp, "idemgate.confirm")
+		for _, ev := range root.Events {
+			if ev.Name == name {
+				m := map[string]string{}
+				for _, kv := range ev.Attributes {
+					m[string(kv.Key)] = kv.Value.String()
+				}
+				return m
+			}
+		}
+		return nil
+	}
+	require.Equal(t, map[string]string{"idemgate.approval_id": id}, eventOf("approval.requested"))
+	_, _, err = m.DecideApproval(t.Context(), state.Decision{ID: id, Approver: "user-bob", Approve: true, Reason: "ok"})
+	require.NoError(t, err)
+	exp.Reset()
+	res := do(t, d, confirm, newPayments().handle)
+	require.Nil(t, res.immediate)
+	require.Equal(t, map[string]string{"idemgate.approval_id": id}, eventOf("approval.consumed"))
 }

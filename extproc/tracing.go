@@ -209,3 +209,12 @@ func (ex *exchange) traceSettled(span trace.Span, action string, err error) {
 	span.SetAttributes(attribute.String(attrAction, action))
 	ex.traceChildEnd(span, err)
 }
+
+// traceApproval adds an approval transition (requested, consumed) to the
+// stream's span as the event approval.<transition>.
+func (ex *exchange) traceApproval(transition, approvalID string) {
+	if ex.tr.span == nil {
+		return
+	}
+	ex.tr.span.AddEvent("approval."+transition, trace.WithAttributes(attribute.String("idemgate.approval_id", approvalID)))
+}
