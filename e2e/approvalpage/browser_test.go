@@ -90,12 +90,11 @@ operations:
 	signed := b64.EncodeToString(h2) + "." + b64.EncodeToString(c)
 	bobToken := signed + "." + b64.EncodeToString(ed25519.Sign(key, []byte(signed)))
 	target, _ := url.Parse(approvals.URL)
-	proxy := httputil.NewSingleHostReverseProxy(target)
-	director := proxy.Director
-	proxy.Director = func(r *http.Request) {
-		director(r)
-		r.Header.Set("Authorization", "Bearer "+bobToken)
-	}
+	proxy := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Host = r.In.Host
+		r.Out.Header.Set("Authorization", "Bearer "+bobToken)
+	}}
 	sso := httptest.NewServer(proxy)
 	defer sso.Close()
 

@@ -154,7 +154,7 @@ func TestRemoteJWKSCachesAndRefreshesOnRotation(t *testing.T) {
 		defer mu.Unlock()
 		fetches++
 		if down {
-			http.Error(w, "down", 503)
+			http.Error(w, "down", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write(body)
