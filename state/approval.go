@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"math/big"
 	"strings"
 	"time"
 )
@@ -115,6 +116,61 @@ type ApprovalRequest struct {
 	// ExpiresAt is the fingerprint's exp: an approval never outlives the
 	// token it approves.
 	ExpiresAt time.Time
+	// Spends are what the confirm adds to its operation's daily_total
+	// budgets: written with the approval (a PENDING or APPROVED approval
+	// counts toward them), moved to the day of the execution when it is
+	// consumed.
+	Spends []Spend
+}
+
+// Spend is what one confirm adds to a daily_total budget (DESIGN section
+// 10): the sum over a UTC day of its nonces whose record is IN_FLIGHT, DONE
+// or UNKNOWN, or, without a record, whose approval is PENDING or APPROVED.
+type Spend struct {
+	Operation string
+	// Budget names the budget within the operation: the subject tag and
+	// the values of the rule's per params (opaque to the store).
+	Budget string
+	// Amount is the confirm's exact decimal; Over the budget's limit
+	// (exceeded when the day's total is strictly greater).
+	Amount string
+	Over   string
+}
+
+// Validate checks a Spend's decimals.
+func (sp Spend) Validate() error {
+	if sp.Operation == "" || sp.Budget == "" {
+		return fmt.Errorf("%w: a spend needs an operation and a budget", ErrInvalidArgument)
+	}
+	if _, ok := ParseAmount(sp.Amount); !ok {
+		return fmt.Errorf("%w: spend amount %q is not a decimal", ErrInvalidArgument, sp.Amount)
+	}
+	if _, ok := ParseAmount(sp.Over); !ok {
+		return fmt.Errorf("%w: spend limit %q is not a decimal", ErrInvalidArgument, sp.Over)
+	}
+	return nil
+}
+
+// ParseAmount reads a plain decimal ("-12.50", no exponent) exactly.
+func ParseAmount(s string) (*big.Rat, bool) {
+	if s == "" {
+		return nil, false
+	}
+	for i, c := range s {
+		if !(c >= '0' && c <= '9' || c == '.' || (c == '-' && i == 0)) {
+			return nil, false
+		}
+	}
+	return new(big.Rat).SetString(s)
+}
+
+// BudgetAnswer is the answer of AcquireWithinBudget: Exceeded lists the
+// indexes of the spends whose budget this confirm would take past its
+// limit (nothing was written; the confirm needs approval), else Answer is
+// what Acquire answered.
+type BudgetAnswer struct {
+	Answer   *Answer
+	Exceeded []int
 }
 
 // Validate checks an ApprovalRequest.
@@ -133,6 +189,11 @@ func (r ApprovalRequest) Validate() error {
 		return fmt.Errorf("%w: required must be positive", ErrInvalidArgument)
 	case r.ExpiresAt.IsZero():
 		return fmt.Errorf("%w: expires_at is zero", ErrInvalidArgument)
+	}
+	for _, sp := range r.Spends {
+		if err := sp.Validate(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -240,6 +301,14 @@ type Approvals interface {
 	// is marked EXPIRED) and Answer is nil; if a record already exists the
 	// approval is left as it was and Answer says what is there.
 	AcquireApproved(ctx context.Context, req AcquireRequest, approvalID string) (ApprovedAnswer, error)
+
+	// AcquireWithinBudget is Acquire for a confirm of an operation with
+	// daily_total rules that needs no approval otherwise: atomically, and
+	// serialised per budget, it answers what exists when the nonce has a
+	// record; else it sums today's budgets (UTC, the store's clock) with
+	// the spends and, when none is exceeded, creates the IN_FLIGHT record
+	// and writes the spends; when one is, it writes nothing.
+	AcquireWithinBudget(ctx context.Context, req AcquireRequest, spends []Spend) (BudgetAnswer, error)
 
 	// RecordNotified appends a notified event (actor: who was told) to an
 	// approval; its state does not change. found is false for an unknown id.

@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"errors"
+	"math/big"
 	"slices"
 	"sort"
 	"time"
@@ -61,6 +62,7 @@ func (s *Store) RequestApproval(ctx context.Context, req state.ApprovalRequest) 
 	}
 	s.approvals[a.ID] = a
 	s.approvalKeys[a.Key] = a.ID
+	s.writeSpends(req.Key, req.Spends, now, false)
 	return cloneApproval(a), true, nil
 }
 
@@ -163,6 +165,12 @@ func (s *Store) AcquireApproved(ctx context.Context, req state.AcquireRequest, a
 	}
 	ans := s.acquireLocked(req, now)
 	if ans.Outcome == state.OutcomeAcquired {
+		// The execution counts on its own day.
+		for k, sp := range s.spends {
+			if k.key == req.Key {
+				sp.day = utcDay(now)
+			}
+		}
 		a.State = state.ApprovalConsumed
 		a.UpdatedAt = now
 		a.Events = append(a.Events, state.ApprovalEvent{Kind: state.EventConsumed, Actor: req.Owner, ParamHash: req.ParamHash, At: now})
@@ -185,4 +193,94 @@ func (s *Store) RecordNotified(ctx context.Context, id, actor string) (bool, err
 	}
 	a.Events = append(a.Events, state.ApprovalEvent{Kind: state.EventNotified, Actor: actor, At: now})
 	return true, nil
+}
+
+type spendKey struct{ key, budget string }
+
+type spend struct {
+	operation string
+	day       string
+	amount    *big.Rat
+}
+
+func utcDay(t time.Time) string { return t.UTC().Format(time.DateOnly) }
+
+// writeSpends records what key adds to its budgets; moveDay puts existing
+// rows on today (an execution counts on its own day).
+func (s *Store) writeSpends(key string, spends []state.Spend, now time.Time, moveDay bool) {
+	for _, sp := range spends {
+		k := spendKey{key, sp.Budget}
+		if old, ok := s.spends[k]; ok {
+			if moveDay {
+				old.day = utcDay(now)
+			}
+			continue
+		}
+		amount, _ := state.ParseAmount(sp.Amount)
+		s.spends[k] = &spend{operation: sp.Operation, day: utcDay(now), amount: amount}
+	}
+}
+
+// counts reports whether key's spends count: its record is IN_FLIGHT, DONE
+// or UNKNOWN, or without a record its approval is PENDING or APPROVED.
+func (s *Store) counts(key string, now time.Time) bool {
+	if rec, ok := s.records[key]; ok && now.Before(rec.ExpiresAt) {
+		return rec.State != state.Failed
+	}
+	id, ok := s.approvalKeys[key]
+	if !ok {
+		return false
+	}
+	a := s.approvals[id]
+	lapse(a, now)
+	return a.State.Open()
+}
+
+// total is today's sum of budget in operation.
+func (s *Store) total(operation, budget string, now time.Time) *big.Rat {
+	sum := new(big.Rat)
+	today := utcDay(now)
+	for k, sp := range s.spends {
+		if k.budget == budget && sp.operation == operation && sp.day == today && s.counts(k.key, now) {
+			sum.Add(sum, sp.amount)
+		}
+	}
+	return sum
+}
+
+// AcquireWithinBudget implements state.Approvals.
+func (s *Store) AcquireWithinBudget(ctx context.Context, req state.AcquireRequest, spends []state.Spend) (state.BudgetAnswer, error) {
+	if err := req.Validate(); err != nil {
+		return state.BudgetAnswer{}, err
+	}
+	for _, sp := range spends {
+		if err := sp.Validate(); err != nil {
+			return state.BudgetAnswer{}, err
+		}
+	}
+	now, err := s.begin(ctx, "acquire within budget")
+	if err != nil {
+		return state.BudgetAnswer{}, err
+	}
+	defer s.mu.Unlock()
+	if rec := s.lookup(req.Key, now); rec != nil {
+		ans := s.acquireLocked(req, now)
+		return state.BudgetAnswer{Answer: &ans}, nil
+	}
+	var exceeded []int
+	for i, sp := range spends {
+		amount, _ := state.ParseAmount(sp.Amount)
+		over, _ := state.ParseAmount(sp.Over)
+		if sum := s.total(sp.Operation, sp.Budget, now); sum.Add(sum, amount).Cmp(over) > 0 {
+			exceeded = append(exceeded, i)
+		}
+	}
+	if len(exceeded) > 0 {
+		return state.BudgetAnswer{Exceeded: exceeded}, nil
+	}
+	ans := s.acquireLocked(req, now)
+	if ans.Outcome == state.OutcomeAcquired {
+		s.writeSpends(req.Key, spends, now, true)
+	}
+	return state.BudgetAnswer{Answer: &ans}, nil
 }

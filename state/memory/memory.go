@@ -46,6 +46,8 @@ type Store struct {
 	// approvals by id, and their ids by nonce (approval.go).
 	approvals    map[string]*state.Approval
 	approvalKeys map[string]string
+	// spends of daily_total budgets, by nonce and budget (approval.go).
+	spends map[spendKey]*spend
 	now          func() time.Time
 	closed       bool
 }
@@ -61,7 +63,7 @@ func New(opts Options) *Store {
 	if now == nil {
 		now = time.Now
 	}
-	return &Store{records: make(map[string]*state.Record), approvals: map[string]*state.Approval{}, approvalKeys: map[string]string{}, now: now}
+	return &Store{records: make(map[string]*state.Record), approvals: map[string]*state.Approval{}, approvalKeys: map[string]string{}, spends: map[spendKey]*spend{}, now: now}
 }
 
 func (s *Store) clock() time.Time { return s.now().Truncate(time.Microsecond) }
@@ -361,6 +363,6 @@ func (s *Store) Close() error {
 	defer s.mu.Unlock()
 	s.closed = true
 	s.records = make(map[string]*state.Record)
-	s.approvals, s.approvalKeys = map[string]*state.Approval{}, map[string]string{}
+	s.approvals, s.approvalKeys, s.spends = map[string]*state.Approval{}, map[string]string{}, map[spendKey]*spend{}
 	return nil
 }

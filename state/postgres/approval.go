@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -158,6 +159,12 @@ func (s *Store) RequestApproval(ctx context.Context, req state.ApprovalRequest) 
 			if _, err := tx.Exec(ctx, insertEventSQL, req.ID, state.EventRequested, req.Requester, "", req.ParamHash, nil); err != nil {
 				return err
 			}
+			if err := lockBudgets(ctx, tx, req.Spends); err != nil {
+				return err
+			}
+			if err := writeSpends(ctx, tx, req.Key, req.Spends); err != nil {
+				return err
+			}
 		}
 		var found bool
 		a, found, err = readApproval(ctx, tx, true, req.Key, false)
@@ -308,6 +315,10 @@ func (s *Store) AcquireApproved(ctx context.Context, req state.AcquireRequest, a
 			if _, err := tx.Exec(ctx, `UPDATE approval SET state = 'CONSUMED', updated_at = now() WHERE approval_id = $1`, a.ID); err != nil {
 				return err
 			}
+			// The execution counts toward daily totals on its own day.
+			if _, err := tx.Exec(ctx, `UPDATE budget_spend SET day = `+utcToday+` WHERE idem_key = $1::char(32)`, req.Key); err != nil {
+				return err
+			}
 			if _, err := tx.Exec(ctx, insertEventSQL, a.ID, state.EventConsumed, req.Owner, "", req.ParamHash, nil); err != nil {
 				return err
 			}
@@ -347,4 +358,110 @@ SELECT approval_id, 'notified', $2 FROM approval WHERE approval_id = $1`, id, ac
 		return false, state.Unavailable("record notified in postgres", err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// utcToday is the current UTC day by the database clock.
+const utcToday = `(now() AT TIME ZONE 'UTC')::date`
+
+// lockBudgets serialises, until the transaction ends, everyone who sums or
+// adds to these budgets (in a fixed order, so two confirms never wait on
+// each other in a cycle).
+func lockBudgets(ctx context.Context, tx pgx.Tx, spends []state.Spend) error {
+	keys := make([]string, 0, len(spends))
+	for _, sp := range spends {
+		keys = append(keys, sp.Operation+"\n"+sp.Budget)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeSpends records what key adds to its budgets, counted today.
+func writeSpends(ctx context.Context, tx pgx.Tx, key string, spends []state.Spend) error {
+	for _, sp := range spends {
+		if _, err := tx.Exec(ctx, `INSERT INTO budget_spend (idem_key, operation, budget, day, amount)
+VALUES ($1::char(32), $2, $3, `+utcToday+`, $4::numeric)
+ON CONFLICT (idem_key, budget) DO UPDATE SET day = excluded.day`, key, sp.Operation, sp.Budget, sp.Amount); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// budgetExceededSQL says whether today's total of a budget plus $3 is
+// strictly greater than $4.
+const budgetExceededSQL = `SELECT coalesce(sum(s.amount), 0) + $3::numeric > $4::numeric
+FROM budget_spend s
+LEFT JOIN idempotency_record r ON r.idem_key = s.idem_key
+LEFT JOIN approval a ON a.idem_key = s.idem_key
+WHERE s.operation = $1 AND s.budget = $2 AND s.day = ` + utcToday + `
+	AND (r.state IN ('IN_FLIGHT', 'DONE', 'UNKNOWN')
+		OR (r.idem_key IS NULL AND a.state IN ('PENDING', 'APPROVED') AND a.expires_at > now()))`
+
+// AcquireWithinBudget implements state.Approvals.
+func (s *Store) AcquireWithinBudget(ctx context.Context, req state.AcquireRequest, spends []state.Spend) (state.BudgetAnswer, error) {
+	if err := req.Validate(); err != nil {
+		return state.BudgetAnswer{}, err
+	}
+	for _, sp := range spends {
+		if err := sp.Validate(); err != nil {
+			return state.BudgetAnswer{}, err
+		}
+	}
+	var out state.BudgetAnswer
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if err := lockBudgets(ctx, tx, spends); err != nil {
+			return err
+		}
+		rec, err := scanRecord(tx.QueryRow(ctx, selectSQL, req.Key))
+		switch {
+		case err == nil:
+			ans := state.Answer{Outcome: state.OutcomeOf(rec.State), Record: rec}
+			if rec.ParamHash != req.ParamHash {
+				ans.Outcome = state.OutcomeParamMismatch
+			}
+			out.Answer = &ans
+			return nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return err
+		}
+		for i, sp := range spends {
+			var exceeded bool
+			if err := tx.QueryRow(ctx, budgetExceededSQL, sp.Operation, sp.Budget, sp.Amount, sp.Over).Scan(&exceeded); err != nil {
+				return err
+			}
+			if exceeded {
+				out.Exceeded = append(out.Exceeded, i)
+			}
+		}
+		if len(out.Exceeded) > 0 {
+			return nil
+		}
+		var inserted bool
+		rec, err = scanRecord(tx.QueryRow(ctx, acquireSQL, req.Key, req.Scope, req.SubjectTag, req.ParamHash, req.Owner,
+			micros(req.Lease), micros(req.Retention)), &inserted)
+		if err != nil {
+			return err // a concurrent insert of the nonce: the retry reads it
+		}
+		ans := state.Answer{Outcome: state.OutcomeOf(rec.State), Record: rec}
+		switch {
+		case inserted:
+			ans.Outcome = state.OutcomeAcquired
+			if err := writeSpends(ctx, tx, req.Key, spends); err != nil {
+				return err
+			}
+		case rec.ParamHash != req.ParamHash:
+			ans.Outcome = state.OutcomeParamMismatch
+		}
+		out.Answer = &ans
+		return nil
+	})
+	if err != nil {
+		return state.BudgetAnswer{}, state.Unavailable("acquire within budget in postgres", err)
+	}
+	return out, nil
 }

@@ -59,6 +59,9 @@ func RunApprovals(t *testing.T, newStore func(t *testing.T) ApprovalStore, opts 
 		{"ConcurrentApprovers", s.concurrentApprovers},
 		{"List", s.list},
 		{"RecordNotified", s.recordNotified},
+		{"BudgetCountsExecutionsAndOpenApprovals", s.budgetCounts},
+		{"BudgetExistingRecordAnswers", s.budgetExistingRecord},
+		{"BudgetConcurrent", s.budgetConcurrent},
 		{"InvalidArguments", s.invalidArguments},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
@@ -467,4 +470,97 @@ func (s *approvalSuite) recordNotified(t *testing.T, st ApprovalStore) {
 	found, err = st.RecordNotified(ctxT(t), state.NewApprovalID(), "x")
 	require.NoError(t, err)
 	require.False(t, found)
+}
+
+// spendOf is a spend of amount on budget (a fresh budget per test: the
+// backends of one suite may share a database) with a limit of 500.00.
+func spendOf(budget, amount string) []state.Spend {
+	return []state.Spend{{Operation: "transfer", Budget: budget, Amount: amount, Over: "500.00"}}
+}
+
+func (s *approvalSuite) budgetCounts(t *testing.T, st ApprovalStore) {
+	budget := "subj-tag-1|EUR|" + NewKey(t)
+	within := func(amount string) state.BudgetAnswer {
+		t.Helper()
+		ans, err := st.AcquireWithinBudget(ctxT(t), AcquireRequest(NewKey(t), "o"), spendOf(budget, amount))
+		require.NoError(t, err)
+		return ans
+	}
+	first := within("300.00")
+	require.Empty(t, first.Exceeded)
+	RequireOutcome(t, state.OutcomeAcquired, *first.Answer, nil)
+	over := within("200.01")
+	require.Equal(t, []int{0}, over.Exceeded, "300.00 + 200.01 > 500.00")
+	require.Nil(t, over.Answer)
+	exact := within("200.00")
+	require.Empty(t, exact.Exceeded, "exactly the limit is not over it")
+
+	// Another budget (another currency) is its own.
+	other, err := st.AcquireWithinBudget(ctxT(t), AcquireRequest(NewKey(t), "o"),
+		[]state.Spend{{Operation: "transfer", Budget: "subj-tag-1|USD|" + NewKey(t), Amount: "499", Over: "500"}})
+	require.NoError(t, err)
+	require.Empty(t, other.Exceeded)
+
+	// A FAILED execution frees its amount; an UNKNOWN one does not.
+	c, err := st.Complete(ctxT(t), state.Claim{Key: exact.Answer.Record.Key, Owner: "o", Fence: 1}, failedCompletion())
+	RequireOutcome(t, state.OutcomeOK, c, err)
+	u, err := st.MarkUnknown(ctxT(t), state.Claim{Key: first.Answer.Record.Key, Owner: "o", Fence: 1})
+	RequireOutcome(t, state.OutcomeOK, u, err)
+	require.Empty(t, within("100.00").Exceeded)
+	require.Equal(t, []int{0}, within("100.01").Exceeded)
+
+	// A pending approval counts; a denied one does not.
+	req := s.request(NewKey(t))
+	req.Spends = spendOf(budget, "50.00")
+	a := create(t, st, req)
+	require.Equal(t, []int{0}, within("50.01").Exceeded, "300 unknown + 100 + 50 pending + 50.01 > 500")
+	decide(t, st, a.ID, "alice", false)
+	require.Empty(t, within("50.01").Exceeded, "a denied approval does not count")
+}
+
+func (s *approvalSuite) budgetExistingRecord(t *testing.T, st ApprovalStore) {
+	key, budget := NewKey(t), NewKey(t)
+	first, err := st.AcquireWithinBudget(ctxT(t), AcquireRequest(key, "o1"), spendOf(budget, "400"))
+	require.NoError(t, err)
+	RequireOutcome(t, state.OutcomeAcquired, *first.Answer, nil)
+	again, err := st.AcquireWithinBudget(ctxT(t), AcquireRequest(key, "o2"), spendOf(budget, "400"))
+	require.NoError(t, err)
+	require.Empty(t, again.Exceeded, "a nonce with a record is answered by it, whatever the budget says now")
+	RequireOutcome(t, state.OutcomeInFlight, *again.Answer, nil)
+	other := AcquireRequest(key, "o3")
+	other.ParamHash = "ph-other"
+	mismatch, err := st.AcquireWithinBudget(ctxT(t), other, spendOf(budget, "1"))
+	require.NoError(t, err)
+	RequireOutcome(t, state.OutcomeParamMismatch, *mismatch.Answer, nil)
+}
+
+func (s *approvalSuite) budgetConcurrent(t *testing.T, st ApprovalStore) {
+	const n = 12
+	budget := NewKey(t)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		acquired int
+		errs     []error
+	)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ans, err := st.AcquireWithinBudget(ctxT(t), AcquireRequest(NewKey(t), "o"),
+				[]state.Spend{{Operation: "transfer", Budget: budget, Amount: "100", Over: "450"}})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			if ans.Answer != nil && ans.Answer.Outcome == state.OutcomeAcquired {
+				acquired++
+			}
+		}()
+	}
+	wg.Wait()
+	require.Empty(t, errs)
+	require.Equal(t, 4, acquired, "the budget is checked and spent atomically")
 }

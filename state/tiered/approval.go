@@ -88,3 +88,12 @@ func (s *Store) RecordNotified(ctx context.Context, id, actor string) (bool, err
 	}
 	return a.RecordNotified(ctx, id, actor)
 }
+
+// AcquireWithinBudget implements state.Approvals on PostgreSQL alone.
+func (s *Store) AcquireWithinBudget(ctx context.Context, req state.AcquireRequest, spends []state.Spend) (state.BudgetAnswer, error) {
+	a, err := s.approvals("acquire within budget")
+	if err != nil {
+		return state.BudgetAnswer{}, err
+	}
+	return a.AcquireWithinBudget(ctx, req, spends)
+}

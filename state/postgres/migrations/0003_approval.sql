@@ -52,3 +52,18 @@ $$;
 CREATE TRIGGER approval_event_append_only
     BEFORE UPDATE OR DELETE ON approval_event
     FOR EACH ROW EXECUTE FUNCTION approval_event_append_only();
+
+-- daily_total budgets: what each nonce adds to a budget (operation, and the
+-- subject tag with the values of the rule's per params) on the UTC day it
+-- was counted. A row counts while its nonce's record is IN_FLIGHT, DONE or
+-- UNKNOWN, or, without a record, while its approval is PENDING or APPROVED.
+CREATE TABLE budget_spend (
+    idem_key  char(32) NOT NULL,
+    operation text     NOT NULL,
+    budget    text     NOT NULL,
+    day       date     NOT NULL,
+    amount    numeric  NOT NULL,
+    PRIMARY KEY (idem_key, budget)
+);
+
+CREATE INDEX budget_spend_sum_idx ON budget_spend (operation, budget, day);
