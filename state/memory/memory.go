@@ -48,8 +48,8 @@ type Store struct {
 	approvalKeys map[string]string
 	// spends of daily_total budgets, by nonce and budget (approval.go).
 	spends map[spendKey]*spend
-	now          func() time.Time
-	closed       bool
+	now    func() time.Time
+	closed bool
 }
 
 var _ state.Store = (*Store)(nil)
