@@ -1,7 +1,11 @@
 package extproc
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"math/big"
+	"strings"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
@@ -42,10 +46,12 @@ var errNoApprovalStore = errors.New("approvals need PostgreSQL (or the memory st
 // gatedConfirm decides a verified confirm of an operation with approval.
 func (ex *exchange) gatedConfirm(claims fingerprint.Claims, params fingerprint.Params, headersOnly bool) (*extprocv3.ProcessingResponse, bool) {
 	approvals := ex.srv.approvals
+	budgeted := ex.op.Approval.HasDailyTotal()
 	if approvals == nil {
 		// No approval can exist without a store that keeps them: only a
-		// confirm that needs one is refused.
-		if len(ex.firedRules(params)) > 0 {
+		// confirm that needs one (or whose budget cannot be judged) is
+		// refused.
+		if budgeted || len(ex.firedRules(params)) > 0 {
 			return ex.storeFailed("approval", errNoApprovalStore), true
 		}
 		return ex.acquire(claims, headersOnly)
@@ -60,13 +66,39 @@ func (ex *exchange) gatedConfirm(claims fingerprint.Claims, params fingerprint.P
 		return ex.byApproval(a, claims, headersOnly, 0)
 	}
 	fired := ex.firedRules(params)
-	if len(fired) == 0 {
+	spends := ex.spends(params)
+	switch {
+	case len(fired) == 0 && !budgeted:
 		return ex.acquire(claims, headersOnly)
-	}
-	if _, exists, failed := ex.readRecord(claims.Nonce); failed != nil {
-		return failed, true
-	} else if exists {
-		return ex.acquire(claims, headersOnly)
+	case len(fired) == 0:
+		// Within today's budgets the record is created with its spends;
+		// past one, the confirm needs approval.
+		owner := ex.srv.newOwner()
+		ttl := ex.srv.cfg.TTL
+		ctx, cancel := ex.srv.storeContext(ex.ctx)
+		ans, err := approvals.AcquireWithinBudget(ctx, state.AcquireRequest{
+			Key: claims.Nonce, Scope: ex.op.Scope, SubjectTag: claims.SubjectTag, ParamHash: claims.ParamHash,
+			Owner: owner, Lease: ttl.InFlight, Retention: ttl.Terminal,
+		}, spends)
+		cancel()
+		if mayHaveWritten(err) {
+			ex.srv.abandons.pursue(ex.ctx, state.Claim{Key: claims.Nonce, Owner: owner, Fence: 1}, ex.op.Name)
+		}
+		if err != nil {
+			return ex.storeFailed("acquire_within_budget", err), true
+		}
+		if len(ans.Exceeded) == 0 {
+			return ex.answer(*ans.Answer, claims, owner, headersOnly, 0)
+		}
+		for _, i := range ans.Exceeded {
+			fired = append(fired, ex.dailyRuleText(i))
+		}
+	default:
+		if _, exists, failed := ex.readRecord(claims.Nonce); failed != nil {
+			return failed, true
+		} else if exists {
+			return ex.acquire(claims, headersOnly)
+		}
 	}
 	ap := ex.op.Approval
 	ctx, cancel = ex.srv.storeContext(ex.ctx)
@@ -74,7 +106,7 @@ func (ex *exchange) gatedConfirm(claims fingerprint.Claims, params fingerprint.P
 		ID: state.NewApprovalID(), Key: claims.Nonce, Operation: ex.op.Name, Scope: ex.op.Scope,
 		SubjectTag: claims.SubjectTag, Requester: ex.subject, ParamHash: claims.ParamHash,
 		Params: params.Canonical, Rules: fired, Required: ap.Required, DistinctFromRequester: ap.DistinctFromRequester,
-		ExpiresAt: claims.ExpiresAt(),
+		ExpiresAt: claims.ExpiresAt(), Spends: spends,
 	})
 	cancel()
 	if err != nil {
@@ -89,6 +121,81 @@ func (ex *exchange) gatedConfirm(claims fingerprint.Claims, params fingerprint.P
 		}
 	}
 	return ex.byApproval(a, claims, headersOnly, 0)
+}
+
+// spends are what this confirm adds to the operation's daily_total
+// budgets, in the order of its daily_total rules (dailyRuleText's index).
+// A budget is the subject (hashed) and the canonical values of the rule's
+// per params; an absent amount adds 0.
+func (ex *exchange) spends(params fingerprint.Params) []state.Spend {
+	var out []state.Spend
+	subject := sha256.Sum256([]byte(ex.subject))
+	for _, r := range ex.op.Approval.Rules {
+		if r.DailyTotal == nil {
+			continue
+		}
+		amount := "0"
+		per := make([]string, 0, len(r.DailyTotal.Per))
+		for _, p := range r.DailyTotal.Per {
+			per = append(per, p+"="+fieldValue(params, p))
+		}
+		if v := fieldValue(params, r.Param); v != "null" {
+			amount = plainDecimal(v)
+		}
+		out = append(out, state.Spend{
+			Operation: ex.op.Name,
+			Budget:    r.Param + "\n" + hex.EncodeToString(subject[:]) + "\n" + strings.Join(per, "\n"),
+			Amount:    amount, Over: r.DailyTotal.Over,
+		})
+	}
+	return out
+}
+
+// dailyRuleText is the text of the i-th daily_total rule.
+func (ex *exchange) dailyRuleText(i int) string {
+	for _, r := range ex.op.Approval.Rules {
+		if r.DailyTotal == nil {
+			continue
+		}
+		if i == 0 {
+			return r.Text
+		}
+		i--
+	}
+	return "daily total"
+}
+
+// fieldValue is the canonical JSON of the bound param at path ("null" when
+// absent).
+func fieldValue(params fingerprint.Params, path string) string {
+	for _, f := range params.Fields {
+		if f.Path == path {
+			return string(f.Canonical)
+		}
+	}
+	return "null"
+}
+
+// plainDecimal writes a canonical decimal (which may use an exponent) as
+// plain digits, exactly; text that is no decimal is returned as is (the
+// store then refuses it: temporarily_unavailable, nothing executed).
+func plainDecimal(s string) string {
+	s = strings.Trim(s, `"`)
+	r, ok := new(big.Rat).SetString(s)
+	if !ok {
+		return s
+	}
+	for prec := 0; prec <= 64; prec++ {
+		if out := r.FloatString(prec); ratEqual(out, r) {
+			return out
+		}
+	}
+	return s
+}
+
+func ratEqual(text string, r *big.Rat) bool {
+	v, ok := new(big.Rat).SetString(text)
+	return ok && v.Cmp(r) == 0
 }
 
 // byApproval answers from the nonce's approval. attempt bounds the

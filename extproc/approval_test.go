@@ -408,3 +408,78 @@ func TestApprovalTransitionsAreSpanEvents(t *testing.T) {
 	require.Nil(t, res.immediate)
 	require.Equal(t, map[string]string{"idemgate.approval_id": id}, eventOf("approval.consumed"))
 }
+
+// dailyYAML gates transfers once a subject's EUR (or USD …) transfers of
+// the UTC day would exceed 5000.00.
+var dailyYAML = strings.Replace(testConfigYAML, "    result_ref: transfer_id\n", `    result_ref: transfer_id
+    approval:
+      rules: [{daily_total: {param: amount, over: "5000.00", per: [currency]}}]
+      approvers:
+        jwt: {issuer: https://idp.example, audience: idemgate-approvals, jwks_file: /approvers.jwks}
+`, 1)
+
+func TestApprovalDailyTotalMemory(t *testing.T) {
+	clk := newClock()
+	m := memory.New(memory.Options{Now: clk.Now})
+	runDailyTotal(t, newApprovalEnvYAML(t, dailyYAML, m, m, clk), m)
+}
+
+func TestApprovalDailyTotalPostgres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL")
+	}
+	dsn := testutil.CreateDatabase(t)
+	require.NoError(t, postgres.Migrate(t.Context(), dsn))
+	pg, err := postgres.New(t.Context(), postgres.Options{DSN: dsn})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pg.Close() })
+	runDailyTotal(t, newApprovalEnvYAML(t, dailyYAML, pg, pg, nil), pg)
+}
+
+func runDailyTotal(t *testing.T, e *env, approvals approvalStore) {
+	d := fakeDialer{srv: e.srv}
+	p := newPayments()
+	body := func(amount, currency, fp string) []byte { return transferBody(amount, currency, "DE89", fp) }
+	previewOf := func(subject, amount, currency string) string {
+		t.Helper()
+		res := do(t, d, post("/v1/transfers/preview", subject, body(amount, currency, "")), previewOK)
+		b := res.json(t)
+		require.NotContains(t, b, "approval_required", "a daily total is only known at confirm")
+		return b["fingerprint"].(string)
+	}
+	confirm := func(subject, amount, currency, fp string, up upstreamFunc) result {
+		t.Helper()
+		return do(t, d, post("/v1/transfers/confirm", subject, body(amount, currency, fp)), up)
+	}
+
+	fp1 := previewOf("user-alice", `"3000.00"`, "EUR")
+	res := confirm("user-alice", `"3000.00"`, "EUR", fp1, p.handle)
+	require.Nil(t, res.immediate, string(res.body))
+
+	fp2 := previewOf("user-alice", `"2000.01"`, "EUR")
+	res = confirm("user-alice", `"2000.01"`, "EUR", fp2, neverCalled(t))
+	pending := requireEnvelope(t, res, 202, "approval_pending", true)
+	id := pending["approval_id"].(string)
+	a, _, err := approvals.GetApproval(t.Context(), id)
+	require.NoError(t, err)
+	require.Equal(t, []string{"daily total of amount per currency > 5000.00"}, a.Rules)
+
+	// Exactly the limit passes; other currencies and other people have
+	// their own budgets. (The pending 2000.01 counts too.)
+	fp3 := previewOf("user-alice", `"1"`, "USD")
+	require.Nil(t, confirm("user-alice", `"1"`, "USD", fp3, p.handle).immediate)
+	fp4 := previewOf("user-bob", `"5000"`, "EUR")
+	require.Nil(t, confirm("user-bob", `"5000"`, "EUR", fp4, p.handle).immediate)
+	fp5 := previewOf("user-alice", `"0.01"`, "EUR")
+	requireEnvelope(t, confirm("user-alice", `"0.01"`, "EUR", fp5, neverCalled(t)), 202, "approval_pending", true)
+
+	// A retry of an executed confirm replays whatever the budget says now.
+	requireEnvelope(t, confirm("user-alice", `"3000.00"`, "EUR", fp1, neverCalled(t)), 201, "already_completed", false)
+
+	// Approved, the confirm over the budget runs once.
+	out, _, err := approvals.DecideApproval(t.Context(), state.Decision{ID: id, Approver: "user-bob", Approve: true, Reason: "month end"})
+	require.NoError(t, err)
+	require.Equal(t, state.DecisionRecorded, out)
+	require.Nil(t, confirm("user-alice", `"2000.01"`, "EUR", fp2, p.handle).immediate)
+	require.Equal(t, 4, p.Executions())
+}

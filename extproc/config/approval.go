@@ -107,16 +107,25 @@ type ApprovalSettings struct {
 	Notify *NotifySettings
 }
 
-// ApprovalRule is one compiled rule. AtLeast is set for {param, at_least};
-// daily_total is refused by this version (see approval below).
+// ApprovalRule is one compiled rule: AtLeast is set for {param, at_least},
+// DailyTotal for {daily_total: ...}.
 type ApprovalRule struct {
 	// Param is the rule's param path as written in params; ParamIndex is its
 	// position there (the selector's order).
 	Param      string
 	ParamIndex int
 	AtLeast    *big.Rat
+	DailyTotal *DailyTotalRule
 	// Text is the rule as the approver is shown it, e.g. "amount >= 1000.00".
 	Text string
+}
+
+// DailyTotalRule: approval is needed when the UTC day's sum of Param over
+// the subject's executions and open approvals of the operation, per value
+// of the Per params, plus this confirm, is strictly greater than Over.
+type DailyTotalRule struct {
+	Over string
+	Per  []string
 }
 
 // Matches reports whether the bound value (the canonical text of a decimal
@@ -124,6 +133,9 @@ type ApprovalRule struct {
 // decimal fires it: a rule that cannot be judged gates rather than lets
 // through.
 func (r *ApprovalRule) Matches(value string) bool {
+	if r.AtLeast == nil {
+		return false // a daily_total rule: the store judges it
+	}
 	v, ok := ParseDecimal(value)
 	if !ok {
 		return true
@@ -156,10 +168,9 @@ func (c *compiler) approval(op *Operation, a *ApprovalSpec, at func(...any) []an
 		case r.DailyTotal != nil && (r.Param != "" || r.AtLeast != ""):
 			c.errorf(rp(), "a rule is either {param, at_least} or {daily_total: {...}}, not both")
 		case r.DailyTotal != nil:
-			// Summing amounts needs them stored with records and pending
-			// approvals; until then a configured budget that is not enforced
-			// would be a hole, so the rule is refused.
-			c.errorf(rp("daily_total"), "daily_total is not supported by this version of idemgate yet: use at_least rules, or remove the rule")
+			if rule, ok := c.dailyTotal(op, r.DailyTotal, func(segs ...any) []any { return rp(append([]any{"daily_total"}, segs...)...) }); ok {
+				out.Rules = append(out.Rules, rule)
+			}
 		case r.Param == "":
 			c.errorf(rp("param"), "required: the decimal param the rule compares")
 		case r.AtLeast == "":
@@ -295,6 +306,71 @@ func DecodeWebhookSecret(s string) ([]byte, bool) {
 		return nil, false
 	}
 	return key, true
+}
+
+// dailyTotal compiles a daily_total rule.
+func (c *compiler) dailyTotal(op *Operation, d *DailyTotalSpec, at func(...any) []any) (ApprovalRule, bool) {
+	rule := ApprovalRule{Param: d.Param, ParamIndex: -1, DailyTotal: &DailyTotalRule{Over: d.Over}}
+	ok := true
+	bound := func(path string) (int, bool) {
+		for k, prm := range op.Params {
+			if prm.Path == path {
+				return k, prm.Decimal
+			}
+		}
+		return -1, false
+	}
+	if d.Param == "" {
+		c.errorf(at("param"), "required: the decimal param summed per day")
+		ok = false
+	} else if k, decimal := bound(d.Param); k < 0 {
+		c.errorf(at("param"), "%s is not in params: a rule may only read a bound param (an unbound one could change after approval)", d.Param)
+		ok = false
+	} else if !decimal {
+		c.errorf(at("param"), "%s must be bound as {path: %s, type: decimal}: daily_total sums exact decimals", d.Param, d.Param)
+		ok = false
+	} else {
+		rule.ParamIndex = k
+	}
+	if d.Over == "" {
+		c.errorf(at("over"), "required: the daily total above which approval is needed, e.g. \"5000.00\"")
+		ok = false
+	} else if _, valid := ParseDecimal(d.Over); !valid {
+		c.errorf(at("over"), "invalid decimal %q: digits with an optional fraction, e.g. \"5000.00\"", d.Over)
+		ok = false
+	}
+	seen := map[string]bool{}
+	for j, per := range d.Per {
+		switch k, _ := bound(per); {
+		case seen[per]:
+			c.errorf(at("per", j), "%s is listed twice", per)
+			ok = false
+		case k < 0:
+			c.errorf(at("per", j), "%s is not in params: a budget may only be split by bound params", per)
+			ok = false
+		case per == d.Param:
+			c.errorf(at("per", j), "%s is the summed param itself", per)
+			ok = false
+		}
+		seen[per] = true
+		rule.DailyTotal.Per = append(rule.DailyTotal.Per, per)
+	}
+	rule.Text = "daily total of " + d.Param
+	if len(d.Per) > 0 {
+		rule.Text += " per " + strings.Join(d.Per, ", ")
+	}
+	rule.Text += " > " + d.Over
+	return rule, ok
+}
+
+// HasDailyTotal reports whether some rule is a daily_total.
+func (a *ApprovalSettings) HasDailyTotal() bool {
+	for _, r := range a.Rules {
+		if r.DailyTotal != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // approverJWKSURL checks jwks_url; the keys are fetched when the first

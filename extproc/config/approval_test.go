@@ -69,6 +69,18 @@ func TestApprovalBlock(t *testing.T) {
 	require.NoError(t, rt.WriteSummary(&b, ProcessSummary{}))
 	require.Contains(t, b.String(), "    approval when amount >= 1000.00; 2 approver(s), not the requester; ttl 24h0m0s; tokens iss https://idp.example aud idemgate-approvals from /etc/idemgate/approvers.jwks (leeway 1m0s)\n")
 
+	rt, _, err = Parse("approval.yaml", []byte(approvalHead+`    approval:
+      rules:
+        - {daily_total: {param: amount, over: "5000.00", per: [currency]}}
+      approvers: {jwt: {issuer: https://idp.example, audience: a, jwks_file: /etc/idemgate/approvers.jwks}}
+`), "", approvalOptions())
+	require.NoError(t, err)
+	dt := rt.Operations[0].Approval.Rules[0]
+	require.Equal(t, "daily total of amount per currency > 5000.00", dt.Text)
+	require.Equal(t, &DailyTotalRule{Over: "5000.00", Per: []string{"currency"}}, dt.DailyTotal)
+	require.False(t, dt.Matches("1000000"), "a daily_total rule is judged by the store, not at preview")
+	require.True(t, rt.Operations[0].Approval.HasDailyTotal())
+
 	// Without approval the operation is as before.
 	rt, _, err = Parse("approval.yaml", []byte(approvalHead), "", approvalOptions())
 	require.NoError(t, err)
@@ -115,8 +127,21 @@ func TestBadApprovalBlocks(t *testing.T) {
 			"approval.yaml:16:19: operations[0].approval.rules[1].param: memo is not in params: a rule may only read a bound param (an unbound one could change after approval)",
 			"approval.yaml:16:35: operations[0].approval.rules[1].at_least: invalid decimal \"1,000.00\": digits with an optional fraction, e.g. \"1000.00\"",
 			"approval.yaml:17:12: operations[0].approval.rules[2].at_least: required: the smallest amount that needs approval, e.g. \"1000.00\"",
-			"approval.yaml:18:26: operations[0].approval.rules[3].daily_total: daily_total is not supported by this version of idemgate yet: use at_least rules, or remove the rule",
 			"approval.yaml:19:12: operations[0].approval.rules[4]: a rule is either {param, at_least} or {daily_total: {...}}, not both",
+		}},
+		{"bad daily_total", `    approval:
+      rules:
+        - {daily_total: {param: currency, over: "5,000", per: [memo, currency]}}
+        - {daily_total: {per: [payee.account_id, payee.account_id]}}
+      approvers: {jwt: {issuer: https://idp.example, audience: a, jwks_file: /etc/idemgate/approvers.jwks}}
+`, []string{
+			"approval.yaml:15:33: operations[0].approval.rules[0].daily_total.param: currency must be bound as {path: currency, type: decimal}: daily_total sums exact decimals",
+			"approval.yaml:15:49: operations[0].approval.rules[0].daily_total.over: invalid decimal \"5,000\": digits with an optional fraction, e.g. \"5000.00\"",
+			"approval.yaml:15:64: operations[0].approval.rules[0].daily_total.per[0]: memo is not in params: a budget may only be split by bound params",
+			"approval.yaml:15:70: operations[0].approval.rules[0].daily_total.per[1]: currency is the summed param itself",
+			"approval.yaml:16:26: operations[0].approval.rules[1].daily_total.param: required: the decimal param summed per day",
+			"approval.yaml:16:26: operations[0].approval.rules[1].daily_total.over: required: the daily total above which approval is needed, e.g. \"5000.00\"",
+			"approval.yaml:16:50: operations[0].approval.rules[1].daily_total.per[1]: payee.account_id is listed twice",
 		}},
 		{"approvers", `    approval:
       rules: [{param: amount, at_least: "1"}]
