@@ -35,6 +35,7 @@ type idemgateConfig struct {
 	upstreamTimeout     time.Duration
 	extra               map[string]any
 	transactionPooler   bool
+	approval            map[string]any
 }
 
 // render derives the test's idemgate.yaml from the shipped one.
@@ -98,6 +99,9 @@ func (c idemgateConfig) render() ([]byte, error) {
 			// DESIGN section 8: an explicit empty string means the downstream
 			// ignores keys (the payments service ignores them on every face).
 			op["downstream_idempotency_header"] = ""
+		}
+		if c.approval != nil && op["name"] == "transfer" {
+			op["approval"] = c.approval
 		}
 		if _, isMCP := op["mcp"]; c.upstreamTimeout > 0 && !isMCP {
 			// The config says this equals the confirm route's timeout.

@@ -69,6 +69,9 @@ type Options struct {
 	// IdemgateConfig adds top-level sections to idemgate.yaml (for
 	// example tracing); see applyIdemgateConfig.
 	IdemgateConfig map[string]any
+	// Approval is set as the approval block of the HTTP transfer operation
+	// (DESIGN section 10) when not nil.
+	Approval map[string]any
 	// WrapUpstream and EditBootstrap: see attest.go.
 	WrapUpstream  func(http.Handler) http.Handler
 	EditBootstrap func([]byte) ([]byte, error)
@@ -159,6 +162,7 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		fingerprintTTL: opts.FingerprintTTL, inFlightTTL: opts.InFlightTTL,
 		ignoreKeys: opts.DownstreamIgnoresKeys, upstreamTimeout: opts.ConfirmRouteTimeout,
 		extra: opts.IdemgateConfig, transactionPooler: opts.PostgresThroughPgBouncer,
+		approval: opts.Approval,
 	}.render()
 	if err != nil {
 		t.Fatal(err)

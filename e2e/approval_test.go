@@ -1,0 +1,84 @@
+package e2e
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgate/idemgate/e2e/internal/stack"
+	"github.com/idemgate/idemgate/internal/testutil"
+)
+
+// TestApprovalThroughRealEnvoy (DESIGN section 10): a transfer above the
+// threshold is answered 202 approval_pending through Envoy and not
+// executed; another person approves it on approval_listen with a bearer
+// JWT; the confirm then executes once, with its approval consumed, and
+// its retry replays.
+func TestApprovalThroughRealEnvoy(t *testing.T) {
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	b64 := base64.RawURLEncoding
+	jwks := filepath.Join(t.TempDir(), "approvers.jwks")
+	require.NoError(t, os.WriteFile(jwks, []byte(fmt.Sprintf(`{"keys":[{"kty":"OKP","crv":"Ed25519","x":%q}]}`, b64.EncodeToString(pub))), 0o600))
+	approvalAddr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	s := startStack(t, stack.Options{
+		Approval: map[string]any{
+			"rules":     []any{map[string]any{"param": "amount", "at_least": "1000.00"}},
+			"approvers": map[string]any{"jwt": map[string]any{"issuer": "https://idp.example", "audience": "idemgate-approvals", "jwks_file": jwks}},
+		},
+		IdemgateConfig: map[string]any{"approval_listen": approvalAddr},
+	})
+	alice := s.Agent("alice")
+
+	small := preview(t, alice, transfer("999.99", "acct_bob", "rent"))
+	requireExecuted(t, confirm(t, alice, small.ConfirmBody()))
+
+	p := preview(t, alice, transfer("1500.00", "acct_bob", "deposit"))
+	var quote map[string]any
+	require.NoError(t, json.Unmarshal(p.Response.Body, &quote))
+	require.Equal(t, true, quote["approval_required"])
+	r := confirm(t, alice, p.ConfirmBody())
+	requireEnvelope(t, s, r, http.StatusAccepted, "approval_pending", retryable)
+	var pending struct {
+		ApprovalID string `json:"approval_id"`
+	}
+	require.NoError(t, json.Unmarshal(r.Body, &pending))
+	require.NotEmpty(t, pending.ApprovalID)
+	require.NotEmpty(t, r.Header.Get("Retry-After"))
+	require.Equal(t, 1, s.Payments.Executions(), "nothing ran")
+	require.Equal(t, "approval_pending", statusOf(t, s, alice, p.Fingerprint))
+
+	decide := func(sub string) int {
+		h, _ := json.Marshal(map[string]any{"alg": "EdDSA"})
+		c, _ := json.Marshal(map[string]any{"iss": "https://idp.example", "aud": "idemgate-approvals", "sub": sub, "exp": time.Now().Add(time.Minute).Unix()})
+		signed := b64.EncodeToString(h) + "." + b64.EncodeToString(c)
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+approvalAddr+"/v1/approvals/"+pending.ApprovalID+"/approve",
+			strings.NewReader(`{"reason":"payee verified by phone"}`))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+signed+"."+b64.EncodeToString(ed25519.Sign(key, []byte(signed))))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusForbidden, decide("alice"), "four eyes")
+	require.Equal(t, http.StatusOK, decide("bob"))
+	require.Equal(t, "approval_granted", statusOf(t, s, alice, p.Fingerprint))
+
+	done := confirm(t, alice, p.ConfirmBody())
+	requireExecuted(t, done)
+	require.Equal(t, 2, s.Payments.Executions())
+	requireRow(t, s, p.Nonce, "DONE")
+	requireReplay(t, s, confirm(t, alice, p.ConfirmBody()), p.Nonce, done.Body)
+	require.Equal(t, 2, s.Payments.Executions())
+}
