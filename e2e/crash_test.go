@@ -185,7 +185,8 @@ func TestCrashBetweenExecutionAndRecord(t *testing.T) {
 		require.Contains(t, string(ledger), `"transfer_id"`)
 		bodyFile := filepath.Join(t.TempDir(), "transfer.json")
 		require.NoError(t, os.WriteFile(bodyFile, ledger, 0o600))
-		out, errOut, err = s.Idemgate.Run(ctx, "ops", "resolve", p.Nonce, "--done", "--status", "200", "--body", "@"+bodyFile, "--dsn", s.DSN)
+		out, errOut, err = s.Idemgate.Run(ctx, "ops", "resolve", p.Nonce, "--done", "--status", "200", "--body", "@"+bodyFile,
+			"--as", "ops-oncall", "--reason", "the payments ledger shows the transfer", "--dsn", s.DSN)
 		require.NoError(t, err, errOut)
 		require.Contains(t, out, "resolved "+p.Nonce+" as DONE")
 

@@ -80,3 +80,30 @@ func TestApprovalEventsAreAppendOnly(t *testing.T) {
 	_, err = s.Pool().Exec(t.Context(), `DELETE FROM approval_event WHERE approval_id = $1`, a.ID)
 	require.ErrorContains(t, err, "append-only")
 }
+
+// TestResolveAsRecordsWhoAndWhy: a hand settlement and its audit row are
+// one transaction; a record already terminal gets neither.
+func TestResolveAsRecordsWhoAndWhy(t *testing.T) {
+	dsn := newDatabase(t)
+	s := newStore(t, dsn)
+	ctx := t.Context()
+	key := statetest.NewKey(t)
+	a, err := s.Acquire(ctx, statetest.AcquireRequest(key, "o1"))
+	statetest.RequireOutcome(t, state.OutcomeAcquired, a, err)
+	_, err = s.ResolveAs(ctx, key, statetest.Done(), "carol", " ")
+	require.ErrorIs(t, err, state.ErrInvalidArgument)
+	ans, err := s.ResolveAs(ctx, key, statetest.Done(), "carol", "ledger checked")
+	statetest.RequireOutcome(t, state.OutcomeOK, ans, err)
+	ans, err = s.ResolveAs(ctx, key, statetest.Done(), "dave", "again")
+	statetest.RequireOutcome(t, state.OutcomeNotOwner, ans, err)
+	ans, err = s.ResolveAs(ctx, statetest.NewKey(t), statetest.Done(), "dave", "absent")
+	statetest.RequireOutcome(t, state.OutcomeNotFound, ans, err)
+	rs, err := s.Resolutions(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, rs, 1)
+	require.Equal(t, "carol", rs[0].Actor)
+	require.Equal(t, "ledger checked", rs[0].Reason)
+	require.Equal(t, state.Done, rs[0].State)
+	_, err = s.Pool().Exec(ctx, `DELETE FROM record_resolution`)
+	require.ErrorContains(t, err, "append-only")
+}

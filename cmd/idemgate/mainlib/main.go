@@ -38,7 +38,7 @@ Usage:
       Apply the PostgreSQL migrations.
   idemgate ops list [--state UNKNOWN|IN_FLIGHT|DONE|FAILED] [--older-than 10m] [--limit N] (--config FILE | --dsn DSN)
   idemgate ops show NONCE (--config FILE | --dsn DSN)
-  idemgate ops resolve NONCE (--done|--failed) --status N --body @FILE|TEXT [--content-type TYPE] (--config FILE | --dsn DSN)
+  idemgate ops resolve NONCE (--done|--failed) --status N --body @FILE|TEXT [--content-type TYPE] --as NAME --reason TEXT (--config FILE | --dsn DSN)
       Reconciliation (对账): find records a person must settle, read them, settle them.
   idemgate ops approvals list [--state pending|approved|denied|expired|consumed] [--limit N] (--config FILE | --dsn DSN)
   idemgate ops approvals show ID (--config FILE | --dsn DSN)

@@ -404,7 +404,10 @@ func TestMigrateAndOps(t *testing.T) {
 	bodyFile := filepath.Join(t.TempDir(), "result.json")
 	require.NoError(t, os.WriteFile(bodyFile, []byte(`{"transfer_id":"tr_checked_by_hand"}`), 0o600))
 	out.Reset()
-	require.NoError(t, Main(t.Context(), []string{"ops", "resolve", nonce, "--done", "--status", "201", "--body", "@" + bodyFile, "--dsn", dsn}, &out, &errOut))
+	require.ErrorIs(t, Main(t.Context(), []string{"ops", "resolve", nonce, "--done", "--status", "201", "--body", "@" + bodyFile, "--dsn", dsn}, &out, &errOut), ErrUsage,
+		"--as and --reason are required")
+	require.NoError(t, Main(t.Context(), []string{"ops", "resolve", nonce, "--done", "--status", "201", "--body", "@" + bodyFile,
+		"--as", "ops-carol", "--reason", "bank statement shows tr_checked_by_hand", "--dsn", dsn}, &out, &errOut))
 	require.Equal(t, "resolved "+nonce+" as DONE (201)\n", out.String())
 
 	rec, found, err := pg.Get(t.Context(), nonce)
@@ -414,7 +417,11 @@ func TestMigrateAndOps(t *testing.T) {
 	require.Equal(t, `{"transfer_id":"tr_checked_by_hand"}`, string(rec.Result.Body))
 	require.Equal(t, "application/json", rec.Result.ContentType())
 
-	err = Main(t.Context(), []string{"ops", "resolve", nonce, "--failed", "--status", "422", "--body", "{}", "--dsn", dsn}, &out, &errOut)
+	out.Reset()
+	require.NoError(t, Main(t.Context(), []string{"ops", "show", nonce, "--dsn", dsn}, &out, &errOut))
+	require.Regexp(t, `resolved +\S+ as DONE \(201\) by ops-carol: bank statement shows tr_checked_by_hand`, out.String())
+
+	err = Main(t.Context(), []string{"ops", "resolve", nonce, "--failed", "--status", "422", "--body", "{}", "--as", "ops-carol", "--reason", "again", "--dsn", dsn}, &out, &errOut)
 	require.EqualError(t, err, "record "+nonce+" is already DONE; left unchanged")
 	missing, _ := fingerprint.NewNonce()
 	err = Main(t.Context(), []string{"ops", "show", missing, "--dsn", dsn}, &out, &errOut)

@@ -174,11 +174,15 @@ func opsShow(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return ErrUsage
 	}
 	var (
-		rec   state.Record
-		found bool
+		rec         state.Record
+		found       bool
+		resolutions []postgres.Resolution
 	)
 	err = db.withPostgres(ctx, stderr, func(ctx context.Context, pg *postgres.Store, _ time.Duration) (err error) {
-		rec, found, err = pg.Get(ctx, pos[0])
+		if rec, found, err = pg.Get(ctx, pos[0]); err != nil || !found {
+			return err
+		}
+		resolutions, err = pg.Resolutions(ctx, pos[0])
 		return err
 	})
 	if err != nil {
@@ -188,6 +192,9 @@ func opsShow(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("no record %s", pos[0])
 	}
 	writeRecord(stdout, rec)
+	for _, r := range resolutions {
+		fmt.Fprintf(stdout, "resolved      %s as %s (%d) by %s: %s\n", r.At.UTC().Format(time.RFC3339), r.State, r.Status, r.Actor, r.Reason)
+	}
 	return nil
 }
 
@@ -225,6 +232,8 @@ func opsResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	status := fs.Int("status", 0, "HTTP status replayed to later confirms")
 	body := fs.String("body", "", "result body replayed to later confirms: @FILE or the text itself")
 	contentType := fs.String("content-type", "application/json", "content-type of the body")
+	as := fs.String("as", "", "who settles the record (recorded; required)")
+	reason := fs.String("reason", "", "how it was verified (recorded; required)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -232,6 +241,9 @@ func opsResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	switch {
 	case len(pos) != 1:
 		fmt.Fprintln(stderr, "ops resolve: give exactly one NONCE")
+		return ErrUsage
+	case strings.TrimSpace(*as) == "" || strings.TrimSpace(*reason) == "":
+		fmt.Fprintln(stderr, "ops resolve: --as and --reason are required (they are recorded with the resolution)")
 		return ErrUsage
 	case *done == *failed:
 		fmt.Fprintln(stderr, "ops resolve: give exactly one of --done and --failed")
@@ -256,7 +268,7 @@ func opsResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	var ans state.Answer
 	err = db.withPostgres(ctx, stderr, func(ctx context.Context, pg *postgres.Store, terminal time.Duration) (err error) {
-		ans, err = pg.Resolve(ctx, pos[0], state.Completion{State: st, Result: res, Retention: terminal})
+		ans, err = pg.ResolveAs(ctx, pos[0], state.Completion{State: st, Result: res, Retention: terminal}, strings.TrimSpace(*as), *reason)
 		return err
 	})
 	if err != nil {
