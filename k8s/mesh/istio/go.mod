@@ -4,6 +4,7 @@ go 1.26.7
 
 require (
 	github.com/envoyproxy/go-control-plane/envoy v1.37.1-0.20260713214202-ca8ce173c36f
+	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af
 	istio.io/istio v0.0.0-20260827124520-eed52ebb66ad
 	sigs.k8s.io/yaml v1.6.0
 )
@@ -161,7 +162,6 @@ require (
 	google.golang.org/genproto/googleapis/api v0.0.0-20260427160629-7cedc36a6bc4 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260427160629-7cedc36a6bc4 // indirect
 	google.golang.org/grpc v1.82.0 // indirect
-	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
