@@ -229,6 +229,12 @@ func (s *Store) dropExpiredPartitions(ctx context.Context, now time.Time) ([]str
 // partition meanwhile. The lock is waited for briefly: while it is queued,
 // request-path writes (which lock every partition) would queue behind it.
 func (s *Store) emptyOfLiveRecords(ctx context.Context, name string, day time.Time) (ok bool, err error) {
+	// Asked first without a lock (one probe of the sweep index), so that a
+	// partition still holding live records costs the request path nothing.
+	live, err := anyLive(ctx, s.pool, name)
+	if err != nil || live {
+		return false, err
+	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", partitionLockID); err != nil {
 			return err
@@ -243,13 +249,9 @@ func (s *Store) emptyOfLiveRecords(ctx context.Context, name string, day time.Ti
 			}
 			return err
 		}
-		var live bool
-		if err := tx.QueryRow(ctx, "SELECT coalesce(max(expires_at) > now(), false) FROM "+name+
-			" WHERE state IN ('DONE', 'FAILED')").Scan(&live); err != nil {
+		// Again under the lock: a late completion may have landed.
+		if live, err := anyLive(ctx, tx, name); err != nil || live {
 			return err
-		}
-		if live {
-			return nil
 		}
 		if _, err := tx.Exec(ctx, `UPDATE idempotency_record SET bucket = `+heldBucket+`
 			WHERE bucket = $1::date AND state IN ('IN_FLIGHT', 'UNKNOWN')`, day.Format(time.DateOnly)); err != nil {
@@ -259,6 +261,15 @@ func (s *Store) emptyOfLiveRecords(ctx context.Context, name string, day time.Ti
 		return nil
 	})
 	return ok, err
+}
+
+// anyLive reports whether a terminal record of the partition is not yet
+// past its expires_at.
+func anyLive(ctx context.Context, q querier, name string) (bool, error) {
+	var live bool
+	err := q.QueryRow(ctx, "SELECT coalesce(max(expires_at) > now(), false) FROM "+name+
+		" WHERE state IN ('DONE', 'FAILED')").Scan(&live)
+	return live, err
 }
 
 // lockNotAvailable is SQLSTATE 55P03 (lock_timeout).
