@@ -169,12 +169,17 @@ func (b *bench) measure(ctx context.Context, what string, remove func(ctx contex
 	return r, err
 }
 
-func (b *bench) dropDay(ctx context.Context) (int64, error) {
-	table := partitionTable(b.today.AddDate(0, 0, -3))
+// dayRecords counts the records of the day to drop (before, and outside,
+// the timed removal).
+func (b *bench) dayRecords(ctx context.Context) (int64, error) {
 	var n int64
-	if err := b.store.Pool().QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
-		return 0, err
-	}
+	err := b.store.Pool().QueryRow(ctx, "SELECT count(*) FROM "+partitionTable(b.today.AddDate(0, 0, -3))).Scan(&n)
+	return n, err
+}
+
+// dropDay drops the day's partition as the sweep does; n is its records.
+func (b *bench) dropDay(ctx context.Context, n int64) (int64, error) {
+	table := partitionTable(b.today.AddDate(0, 0, -3))
 	dropped, err := b.store.DropExpiredPartitions(ctx)
 	if err != nil {
 		return 0, err

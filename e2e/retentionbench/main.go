@@ -67,7 +67,11 @@ func run(records int, out string) error {
 	if err != nil {
 		return err
 	}
-	parts, err := b.measure(ctx, "drop the day's partition", b.dropDay)
+	dayRecords, err := b.dayRecords(ctx)
+	if err != nil {
+		return err
+	}
+	parts, err := b.measure(ctx, "drop the day's partition", func(ctx context.Context) (int64, error) { return b.dropDay(ctx, dayRecords) })
 	if err != nil {
 		return err
 	}
