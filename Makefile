@@ -72,6 +72,11 @@ bench: services envoy build ## Micro-benchmarks, then the load benchmarks (ext_p
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 1s ./fingerprint/... ./state/... ./extproc/...
 	ENVOY_BIN=$(ENVOY) $(GO) run ./e2e/loadgen -out BENCHMARKS.md
 
+RECORDS ?= 10000000
+.PHONY: bench-retention
+bench-retention: services ## Removing a day of records out of RECORDS (default 10M): row-by-row sweeper vs partition drop (time, WAL, confirm latency) and bytes per record; writes its section of BENCHMARKS.md. Not part of make test (minutes, gigabytes).
+	$(GO) run ./e2e/retentionbench -records $(RECORDS) -out BENCHMARKS.md
+
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 60s); the binding rule's for BINDING_FUZZTIME (default 5m).
 	$(GO) test ./fingerprint -run '^$$' -fuzz '^FuzzVerify$$' -fuzztime $${FUZZTIME:-60s}

@@ -100,6 +100,9 @@ type StoreSettings struct {
 	// ReplayCache is ttl.replay_cache (read by extproc/config; copied here
 	// for the tiered store): how long Redis keeps a record PostgreSQL holds.
 	ReplayCache time.Duration
+	// FingerprintTTL is ttl.fingerprint (copied for the PostgreSQL store,
+	// which keeps a partition ready for every day a fingerprint can expire on).
+	FingerprintTTL time.Duration
 }
 
 // Backend names the store configuration: memory, redis, postgres or tiered.
@@ -209,6 +212,7 @@ func Parse(name string, data []byte, baseDir string, opts config.Options) (*Sett
 	s.Log = c.log(f.Log)
 	s.Store = c.store(f.Store, rt.Store.Timeout)
 	s.Store.ReplayCache = rt.TTL.ReplayCache
+	s.Store.FingerprintTTL = rt.TTL.Fingerprint
 	s.Drain = DrainSettings{
 		Period:  ch.Duration(p("drain", "period"), f.Drain.Period, config.DurationRule{Default: DefaultDrainPeriod, AllowZero: true}),
 		Timeout: ch.Duration(p("drain", "timeout"), f.Drain.Timeout, config.DurationRule{Default: DefaultDrainTimeout}),
