@@ -21,9 +21,28 @@ wait_for() { # name, check function
   return 1
 }
 
-command -v redis-server >/dev/null || die "redis-server not found: apt-get install -y redis-server"
-command -v redis-cli >/dev/null || die "redis-cli not found: apt-get install -y redis-tools"
-command -v pg_isready >/dev/null || die "pg_isready not found: apt-get install -y postgresql"
+# A fresh machine: install what is missing (as .ci/run does) when we can, i.e. as
+# root on Debian/Ubuntu; otherwise stop with the packages to install by hand.
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-cli >/dev/null || missing+=(redis-tools)
+command -v psql >/dev/null || missing+=(postgresql-client)
+# A PostgreSQL server: the machine's (Debian's pg_ctlcluster) or initdb for a
+# throwaway one; an instance already answering on the port also does.
+if ! command -v pg_isready >/dev/null || { ! command -v initdb >/dev/null \
+     && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! pg_up; }; then
+  missing+=(postgresql)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ -f /etc/debian_version ]; then
+    say "installing ${missing[*]} (apt-get)"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null ||
+      die "apt-get install ${missing[*]} failed"
+  else
+    die "missing ${missing[*]}: install these packages (Debian/Ubuntu: sudo apt-get install -y ${missing[*]}; others: Redis >= 7 and PostgreSQL >= 15 with its client tools), or run as root on Debian, where \`make test\` installs them"
+  fi
+fi
 
 if ! redis_up; then
   if [ "$REDIS_PORT" = 6379 ] && [ -d /var/lib/redis ]; then
@@ -96,7 +115,6 @@ start_throwaway_pg() {
   wait_for pg pg_up || die "PostgreSQL did not come up on 127.0.0.1:$PG_PORT (see $data/server.log)"
 }
 
-command -v psql >/dev/null || die "psql not found: apt-get install -y postgresql-client"
 cluster=$(machine_cluster || true)
 if ! pg_up && [ -n "$cluster" ]; then
   say "starting the machine's PostgreSQL $cluster"

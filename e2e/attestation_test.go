@@ -172,7 +172,9 @@ func breakRoutes(bootstrap []byte) ([]byte, error) {
 				hcm := dig[map[string]any](f, "typed_config")
 				extProc := ""
 				for _, hf := range dig[[]any](hcm, "http_filters") {
-					if strings.HasSuffix(dig[string](hf, "typed_config", "@type"), ".ext_proc.v3.ExternalProcessor") {
+					// ext_proc, or ext_proc inside the shipped path matcher.
+					if strings.HasSuffix(dig[string](hf, "typed_config", "@type"), ".ext_proc.v3.ExternalProcessor") ||
+						strings.HasSuffix(dig[string](hf, "typed_config", "extension_config", "typed_config", "@type"), ".ext_proc.v3.ExternalProcessor") {
 						extProc = dig[string](hf, "name")
 					}
 				}
@@ -286,7 +288,7 @@ func TestUnattestedConfirmsAreRefusedByTheUpstream(t *testing.T) {
 	refusedThroughEnvoy := func(method, target string, body []byte) {
 		t.Helper()
 		attempts++
-		r, err := alice.Send(method, target, body)
+		r, err := alice.Send(method, target, body, stack.WithLength)
 		require.NoError(t, err)
 		require.Equal(t, http.StatusForbidden, r.StatusCode, "%s %s went around idemgate and was not refused: %s", method, target, r)
 		require.Contains(t, string(r.Body), "attestation_", "the upstream's verifier answered")

@@ -221,7 +221,8 @@ func TestEnvoyLocalRepliesSettleTheClaim(t *testing.T) {
 // limits.max_body_bytes). With a content-length idemgate refuses it from
 // the headers alone (413 request_too_large envelope); chunked, nobody knows
 // the size in advance, Envoy's buffer overflows and Envoy answers 413
-// itself. Either way nothing is claimed or executed. (Unlike the reference
+// itself, which envoy.yaml's local_reply_config answers with the same
+// envelope. Either way nothing is claimed or executed. (Unlike the reference
 // notes, Envoy 1.40 runs its 413 through ext_proc's response phase on the
 // same stream — response headers, then the body "Payload Too Large" — which
 // idemgate, holding no claim, lets pass.)
@@ -239,11 +240,11 @@ func TestEnvoyRequestBodyOverTheBufferLimit(t *testing.T) {
 	require.NoError(t, err)
 	requireEnvelope(t, s, r, http.StatusRequestEntityTooLarge, "request_too_large", notRetryable)
 
+	// Envoy's own 413, rewritten into the envelope by the local_reply_config
+	// piece of envoy-config.
 	r, err = alice.Raw(confirmTarget, raw, stack.Chunked)
 	require.NoError(t, err)
-	require.Equal(t, http.StatusRequestEntityTooLarge, r.StatusCode, "got %s", r)
-	require.Nil(t, r.Envelope, "Envoy's own 413")
-	require.Equal(t, "Payload Too Large", string(r.Body))
+	requireEnvelope(t, s, r, http.StatusRequestEntityTooLarge, "request_too_large", notRetryable)
 
 	// idemgate had a stream for each (it answered the first, the second
 	// was cut while Envoy buffered) and claimed nothing.
@@ -425,11 +426,12 @@ func idemgateDecisions(t *testing.T, s *stack.Stack) float64 {
 	return v
 }
 
-// TestEnvoyDisabledRoutesNeverReachIdemgate: routes with ext_proc disabled
-// (typed_per_filter_config) open no ext_proc stream at all — the health
-// check, the near-miss spellings of the operation paths that envoy.yaml
-// answers 404, and the catch-all route to the payments API.
-func TestEnvoyDisabledRoutesNeverReachIdemgate(t *testing.T) {
+// TestEnvoyOtherPathsNeverReachIdemgate: a request whose path cannot name
+// an operation opens no ext_proc stream at all (the filter's matcher skips
+// it) — the health check and the catch-all route to the payments API —
+// while every other spelling of an operation path does, on whatever route,
+// and idemgate refuses it before the upstream.
+func TestEnvoyOtherPathsNeverReachIdemgate(t *testing.T) {
 	s := startStack(t, stack.Options{})
 	alice := s.Agent("alice")
 	streams, decisions := envoyStat(t, s, statStreamsStarted), idemgateDecisions(t, s)
@@ -440,12 +442,6 @@ func TestEnvoyDisabledRoutesNeverReachIdemgate(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	for _, target := range []string{"/v1/transfers/confirm/", "/v1/transfers/Confirm", "/v1/transfers/preview.json"} {
-		r, err := alice.RawPost(target, map[string]any{"amount": "1.00"})
-		require.NoError(t, err)
-		require.Equal(t, http.StatusNotFound, r.StatusCode, "%s: got %s", target, r)
-		require.Equal(t, "not found: use the exact operation path\n", string(r.Body))
-	}
 	for _, path := range []string{"/v1/accounts", "/v1/transfers/by-key/" + strings.Repeat("0", 32)} {
 		r, err := alice.Post(path, map[string]any{}, nil)
 		require.NoError(t, err)
@@ -454,7 +450,7 @@ func TestEnvoyDisabledRoutesNeverReachIdemgate(t *testing.T) {
 
 	// Envoy opened no stream, idemgate decided nothing, and the catch-all
 	// requests reached the upstream unprocessed.
-	require.Equal(t, streams, envoyStat(t, s, statStreamsStarted), "no ext_proc stream on a disabled route")
+	require.Equal(t, streams, envoyStat(t, s, statStreamsStarted), "no ext_proc stream for a path no operation has")
 	require.Equal(t, decisions, idemgateDecisions(t, s))
 	require.Equal(t, passthrough, metric(t, s, "idemgate_passthrough_streams_total"))
 	reached := s.Upstream.Requests()[seen:]
@@ -463,10 +459,18 @@ func TestEnvoyDisabledRoutesNeverReachIdemgate(t *testing.T) {
 		require.False(t, r.Confirm)
 	}
 
-	// An operation route does open one (the counters above can move).
+	// Near-miss spellings take the catch-all route, and reach idemgate there.
+	for _, target := range []string{"/v1/transfers/confirm/", "/v1/transfers/Confirm", "/v1/transfers/preview.json"} {
+		r, err := alice.RawPost(target, map[string]any{"amount": "1.00"})
+		require.NoError(t, err)
+		requireEnvelope(t, s, r, http.StatusNotFound, "path_not_exact", notRetryable)
+	}
+	require.Equal(t, streams+3, envoyStat(t, s, statStreamsStarted))
+	require.Len(t, s.Upstream.Requests()[seen:], 2, "no near miss reached the upstream")
+
+	// An operation route opens one too.
 	preview(t, alice, transfer("1.00", "acct_ron", "x"))
-	require.Equal(t, streams+1, envoyStat(t, s, statStreamsStarted))
-	require.Equal(t, decisions+1, idemgateDecisions(t, s))
+	require.Equal(t, streams+4, envoyStat(t, s, statStreamsStarted))
 }
 
 // TestEnvoyStripsTheClientsSubjectHeader: x-idemgate-subject is the header
@@ -602,7 +606,7 @@ func TestEnvoyConfirmPathVariants(t *testing.T) {
 		{"/v1/transfers/.;/confirm", checked, 200},
 		{`/v1/transfers\confirm`, checked, 200}, // a backslash becomes a slash
 		{"http://payments.example/v1/transfers/confirm", checked, 200},
-		{"/v1/transfers/confirm/", refused, 404}, // operation_near_miss
+		{"/v1/transfers/confirm/", refused, 404}, // idemgate: path_not_exact
 		{"/v1/transfers/confirm;x", refused, 404},
 		{"/v1/transfers/confirm.json", refused, 404},
 		{"/V1/TRANSFERS/CONFIRM", refused, 404},
@@ -657,26 +661,24 @@ func TestEnvoyConfirmPathVariants(t *testing.T) {
 	}
 }
 
-// TestEnvoyWithoutPathNormalisationConfirmsSlipPast is the counter-proof of
-// TestEnvoyConfirmPathVariants: the same stack with envoy.yaml's
-// normalize_path, merge_slashes and path_with_escaped_slashes_action turned
-// off. /v1/transfers/c%6Fnfirm then matches no operation route, takes the
-// catch-all (idemgate disabled), and Go's ServeMux unescapes it and runs
-// the confirm handler: executed with no record and no key — with a
-// downstream that ignores keys, every such retry pays again.
-func TestEnvoyWithoutPathNormalisationConfirmsSlipPast(t *testing.T) {
+// TestEnvoyWithoutPathNormalisationSpellingsAreStillRefused: the same
+// stack with envoy.yaml's normalize_path, merge_slashes and
+// path_with_escaped_slashes_action turned off. /v1/transfers/c%6Fnfirm then
+// matches no operation route and takes the catch-all, where Go's ServeMux
+// would unescape it and run the confirm handler; but the ext_proc filter's
+// matcher sends every percent-encoded path to idemgate whatever its route,
+// and idemgate refuses the spelling (path_not_exact) before the upstream.
+// (With per-route switches, as the pieces were before, this paid twice.)
+func TestEnvoyWithoutPathNormalisationSpellingsAreStillRefused(t *testing.T) {
 	s := startStack(t, stack.Options{WithoutPathNormalisation: true, DownstreamIgnoresKeys: true})
 	alice := s.Agent("alice")
 	p := preview(t, alice, transfer("9.00", "acct_vic", "unchecked"))
-	for range 2 {
-		r, err := alice.RawPost("/v1/transfers/c%6Fnfirm", p.ConfirmBody())
+	for _, target := range []string{"/v1/transfers/c%6Fnfirm", "//v1/transfers/confirm", "/v1/transfers/./confirm", "/v1/transfers%2Fconfirm"} {
+		r, err := alice.RawPost(target, p.ConfirmBody())
 		require.NoError(t, err)
-		requireExecuted(t, r)
+		requireEnvelope(t, s, r, http.StatusNotFound, "path_not_exact", notRetryable)
 	}
-	require.Equal(t, 2, s.Payments.Executions(), "the unnormalised path paid twice")
-	for _, c := range s.Upstream.Confirms() {
-		require.Equal(t, "/v1/transfers/c%6Fnfirm", c.RequestURI)
-		require.Empty(t, c.IdempotencyKey)
-	}
+	require.Zero(t, s.Payments.Executions(), "no spelling executed")
+	require.Empty(t, s.Upstream.Confirms())
 	requireRowCounts(t, s, map[string]int{})
 }

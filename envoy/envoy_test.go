@@ -1,13 +1,12 @@
 package envoy
 
 import (
-	"bytes"
-	"encoding/json"
 	"os"
 	"slices"
 	"testing"
 	"time"
 
+	xdsmatcherv3 "github.com/cncf/xds/go/xds/type/matcher/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -20,9 +19,11 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-	"sigs.k8s.io/yaml"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/envoy/envoytest"
+	"github.com/idemgate/idemgate/envoy/pieces"
+	"github.com/idemgate/idemgate/extproc/config"
 )
 
 // loadDemo decodes envoy.yaml strictly and reads idemgate.yaml loosely.
@@ -91,7 +92,7 @@ func TestBootstrapRoutesAsDocumented(t *testing.T) {
 	g, _ := loadDemo(t)
 	_, name, err := g.ExtProc()
 	require.NoError(t, err)
-	require.Equal(t, "envoy.filters.http.ext_proc", name)
+	require.Equal(t, envoytest.ExtProcFilter, name)
 	tests := []struct {
 		path        string
 		route       string
@@ -101,10 +102,12 @@ func TestBootstrapRoutesAsDocumented(t *testing.T) {
 		{"/v1/transfers/preview", "transfer_preview", true, "payments"},
 		{"/v1/transfers/confirm", "transfer_confirm", true, "payments"},
 		{"/v1/transfers/status", "transfer_status", true, "payments"},
+		{"/mcp", "transfer_mcp", true, "payments"},
 		{"/healthz", "healthz", false, ""},
-		{"/v1/transfers/confirm/", "operation_near_miss", false, ""},
-		{"/V1/TRANSFERS/CONFIRM", "operation_near_miss", false, ""},
-		{"/v1/transfers/confirmations", "catch_all", false, "payments"},
+		// Near misses reach the catch-all with idemgate running: it refuses them.
+		{"/v1/transfers/confirm/", "catch_all", true, "payments"},
+		{"/V1/TRANSFERS/CONFIRM", "catch_all", true, "payments"},
+		{"/mcp;x=1", "catch_all", true, "payments"},
 		{"/v1/transfers/tr_123", "catch_all", false, "payments"},
 		{"/", "catch_all", false, "payments"},
 	}
@@ -113,9 +116,9 @@ func TestBootstrapRoutesAsDocumented(t *testing.T) {
 			m, err := g.RouteFor(tt.path)
 			require.NoError(t, err)
 			require.Equal(t, tt.route, m.Route.GetName())
-			off, err := envoytest.ExtProcDisabled(m.VirtualHost, m.Route, name)
+			runs, err := g.ExtProcRunsOn(tt.path, m)
 			require.NoError(t, err)
-			require.Equal(t, tt.idemgate, !off)
+			require.Equal(t, tt.idemgate, runs)
 			require.Equal(t, tt.wantCluster, m.Route.GetRoute().GetCluster())
 		})
 	}
@@ -138,76 +141,77 @@ func TestBootstrapConfirmRouteNumbers(t *testing.T) {
 	require.Equal(t, 2*time.Minute, time.Duration(c.TTL.InFlight))
 }
 
-// snippet is ext_proc-filter.yaml: three pieces named after where they go.
-type snippet struct {
-	HTTPFilters          []json.RawMessage          `json:"http_filters"`
-	Clusters             []json.RawMessage          `json:"clusters"`
-	TypedPerFilterConfig map[string]json.RawMessage `json:"typed_per_filter_config"`
-}
-
-func decodeSnippet(t *testing.T) ([]*hcmv3.HttpFilter, []*clusterv3.Cluster, map[string]*anypb.Any) {
-	t.Helper()
-	js, err := yaml.YAMLToJSONStrict(readFile(t, "ext_proc-filter.yaml"))
+// TestFilterSnippetIsTheGeneratorsOutput: ext_proc-filter.yaml is what
+// `idemgate envoy-config --config envoy/idemgate.yaml` prints, byte for byte,
+// so the paths a user pastes cannot drift from the operations.
+func TestFilterSnippetIsTheGeneratorsOutput(t *testing.T) {
+	s, _, err := settings.Load("idemgate.yaml", config.Options{Offline: true})
 	require.NoError(t, err)
-	var s snippet
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.DisallowUnknownFields()
-	require.NoError(t, dec.Decode(&s), "ext_proc-filter.yaml may only hold http_filters, clusters, typed_per_filter_config")
-
-	var filters []*hcmv3.HttpFilter
-	for _, raw := range s.HTTPFilters {
-		var f hcmv3.HttpFilter
-		require.NoError(t, envoytest.UnmarshalJSON(raw, &f))
-		filters = append(filters, &f)
-	}
-	var clusters []*clusterv3.Cluster
-	for _, raw := range s.Clusters {
-		var c clusterv3.Cluster
-		require.NoError(t, envoytest.UnmarshalJSON(raw, &c))
-		clusters = append(clusters, &c)
-	}
-	perRoute := map[string]*anypb.Any{}
-	for key, raw := range s.TypedPerFilterConfig {
-		var a anypb.Any
-		require.NoError(t, envoytest.UnmarshalJSON(raw, &a))
-		perRoute[key] = &a
-	}
-	return filters, clusters, perRoute
+	out, err := pieces.Render(s.Runtime, pieces.Options{ConfigPath: "envoy/idemgate.yaml", IdemgateAddress: "127.0.0.1:50051", UpstreamCluster: envoytest.PaymentsCluster})
+	require.NoError(t, err)
+	require.Equal(t, string(out), string(FilterSnippetYAML()),
+		"regenerate: go run ./cmd/idemgate envoy-config --config envoy/idemgate.yaml > envoy/ext_proc-filter.yaml")
 }
 
-func TestFilterSnippetMatchesTheBootstrap(t *testing.T) {
-	filters, clusters, perRoute := decodeSnippet(t)
+// TestFilterSnippetIsInTheBootstrap: envoy.yaml carries every piece of
+// ext_proc-filter.yaml unchanged, so the demo, e2e and the benchmarks run
+// exactly what a user pastes.
+func TestFilterSnippetIsInTheBootstrap(t *testing.T) {
+	p, err := envoytest.DecodePieces(FilterSnippetYAML())
+	require.NoError(t, err)
 	g, c := loadDemo(t)
-	require.Len(t, filters, 1)
-	require.Len(t, clusters, 1)
-	require.Len(t, perRoute, 1)
+	filterNamed := func(name string) *hcmv3.HttpFilter {
+		idx := slices.IndexFunc(g.HCM.GetHttpFilters(), func(f *hcmv3.HttpFilter) bool { return f.GetName() == name })
+		require.GreaterOrEqual(t, idx, 0, "envoy.yaml has no filter named %s", name)
+		return g.HCM.GetHttpFilters()[idx]
+	}
+	require.Len(t, p.FiltersBeforeAuthentication, 1)
+	require.Len(t, p.Filters, 1)
+	for _, f := range append(append([]*hcmv3.HttpFilter{}, p.FiltersBeforeAuthentication...), p.Filters...) {
+		require.True(t, proto.Equal(filterNamed(f.GetName()), f), "filter %s differs from envoy.yaml's", f.GetName())
+	}
+	require.Equal(t, p.FiltersBeforeAuthentication[0].GetName(), g.HCM.GetHttpFilters()[0].GetName(), "the subject is stripped first")
 
-	t.Run("the ext_proc filter is envoy.yaml's and passes the checks", func(t *testing.T) {
-		unpacked, err := envoytest.UnpackFilters(filters)
+	unpacked, err := envoytest.UnpackFilters(p.Filters)
+	require.NoError(t, err)
+	ep, ok := unpacked[0].Config.(*extprocv3.ExternalProcessor)
+	require.True(t, ok, "the filter piece wraps ext_proc")
+	require.NoError(t, envoytest.CheckExtProc(ep, c))
+
+	require.Len(t, p.Clusters, 1)
+	require.NoError(t, envoytest.CheckIdemgateCluster(p.Clusters[0], c))
+	require.True(t, proto.Equal(g.Clusters[p.Clusters[0].GetName()], p.Clusters[0]), "idemgate clusters differ")
+
+	routes := g.VirtualHosts()[0].GetRoutes()
+	require.GreaterOrEqual(t, len(routes), len(p.Routes))
+	for i, r := range p.Routes {
+		require.True(t, proto.Equal(routes[i], r), "envoy.yaml's route %d is not the piece's %s", i, r.GetName())
+	}
+	require.True(t, proto.Equal(g.HCM.GetLocalReplyConfig(), p.LocalReplyConfig), "local_reply_config differs")
+}
+
+// TestExtProcRunsExactlyWhereAPathCanNameAnOperation evaluates the filter's
+// matcher as Envoy does: every spelling of an operation path runs idemgate,
+// every other path skips it.
+func TestExtProcRunsExactlyWhereAPathCanNameAnOperation(t *testing.T) {
+	p, err := envoytest.DecodePieces(FilterSnippetYAML())
+	require.NoError(t, err)
+	unpacked, err := envoytest.UnpackFilters(p.Filters)
+	require.NoError(t, err)
+	f := unpacked[0]
+	for path, want := range map[string]bool{
+		"/v1/transfers/confirm": true, "/v1/transfers/confirm?x=1": true, "/V1/Transfers/CONFIRM": true,
+		"/v1/transfers/confirm/": true, "/v1/transfers/confirm;x": true, "/v1/transfers/confirm.json": true,
+		"/v1/transfers/c%6Fnfirm": true, "//v1/transfers/confirm": true, "/v1/./transfers/confirm": true,
+		"/v1/x/../transfers/confirm": true, `/v1\transfers\confirm`: true, "/v1/transfers/conf\u0131rm": true,
+		"/mcp": true, "/MCP/": true, "/v1/transfers/preview": true, "/v1/transfers/status": true,
+		"/": false, "/healthz": false, "/v1/transfers": false, "/v1/accounts/a1": false,
+		"/search?q=a%20b": false, "/v1/transfers?next=/v1/transfers/confirm": false,
+	} {
+		runs, err := f.RunsFor(path)
 		require.NoError(t, err)
-		ep, ok := unpacked[0].Config.(*extprocv3.ExternalProcessor)
-		require.True(t, ok, "the snippet's filter must be ext_proc")
-		require.NoError(t, envoytest.CheckExtProc(ep, c))
-		idx := slices.IndexFunc(g.HCM.GetHttpFilters(), func(f *hcmv3.HttpFilter) bool { return f.GetName() == filters[0].GetName() })
-		require.GreaterOrEqual(t, idx, 0, "envoy.yaml has no filter named %s", filters[0].GetName())
-		require.True(t, proto.Equal(g.HCM.GetHttpFilters()[idx], filters[0]), "snippet and envoy.yaml ext_proc filters differ")
-		require.Equal(t, ep.GetGrpcService().GetEnvoyGrpc().GetClusterName(), clusters[0].GetName())
-	})
-	t.Run("the cluster is envoy.yaml's and passes the checks", func(t *testing.T) {
-		require.NoError(t, envoytest.CheckIdemgateCluster(clusters[0], c))
-		require.True(t, proto.Equal(g.Clusters[clusters[0].GetName()], clusters[0]), "snippet and envoy.yaml idemgate clusters differ")
-	})
-	t.Run("the per-route switch is keyed by the filter name and disables it", func(t *testing.T) {
-		a, ok := perRoute[filters[0].GetName()]
-		require.True(t, ok, "typed_per_filter_config key must equal the filter name %s", filters[0].GetName())
-		var per extprocv3.ExtProcPerRoute
-		require.NoError(t, a.UnmarshalTo(&per))
-		require.True(t, per.GetDisabled())
-		m, err := g.RouteFor("/")
-		require.NoError(t, err)
-		require.True(t, proto.Equal(m.Route.GetTypedPerFilterConfig()[filters[0].GetName()], a),
-			"snippet and envoy.yaml catch-all per-route configs differ")
-	})
+		require.Equal(t, want, runs, path)
+	}
 }
 
 // TestDecodingIsStrict shows that UnmarshalYAML fails the way Envoy would.
@@ -282,23 +286,30 @@ func TestChecksCatchBrokenConfigs(t *testing.T) {
 				return r.GetMatch().GetPath() == "/v1/transfers/confirm"
 			})
 		}},
-		{"catch-all runs idemgate", "idemgate runs on exactly the operation routes", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
-			route(t, g, "catch_all").TypedPerFilterConfig = nil
+		{"idemgate runs on every path", "idemgate runs on the operation paths and on no other route's", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
+			extProcFilter(t, g).Matcher = nil
 		}},
-		{"operation path renamed in idemgate.yaml", "idemgate runs on exactly the operation routes", func(t *testing.T, _ *envoytest.Gateway, c *envoytest.IdemgateConfig) {
+		{"operation path renamed in idemgate.yaml", "idemgate runs on the operation paths and on no other route's", func(t *testing.T, _ *envoytest.Gateway, c *envoytest.IdemgateConfig) {
 			c.Operations[0].Confirm.Path = "/v2/transfers/confirm"
 		}},
-		{"prefix route shadows confirm", "idemgate runs on exactly the operation routes", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
+		{"prefix route shadows confirm", "idemgate runs on the operation paths and on no other route's", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
 			vh := g.VirtualHosts()[0]
 			vh.Routes = append([]*routev3.Route{route(t, g, "catch_all")}, vh.Routes...)
 		}},
-		{"near-miss route removed", "near-miss operation paths never reach an upstream unguarded", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
-			vh := g.VirtualHosts()[0]
-			vh.Routes = slices.DeleteFunc(vh.Routes, func(r *routev3.Route) bool { return r.GetName() == "operation_near_miss" })
+		{"catch-all disables idemgate", "near-miss operation paths never reach an upstream unguarded", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
+			route(t, g, "catch_all").TypedPerFilterConfig = map[string]*anypb.Any{envoytest.ExtProcFilter: disabledPerRoute(t)}
+		}},
+		{"matcher matches the exact paths only", "near-miss operation paths never reach an upstream unguarded", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
+			// Each operation path exactly (what per-route enabling would give):
+			// the near misses on the catch-all skip idemgate.
+			or := extProcFilter(t, g).Matcher.GetMatcherList().GetMatchers()[0].GetPredicate().GetNotMatcher().GetOrMatcher()
+			for _, p := range or.Predicate[1:] {
+				vm := p.GetSinglePredicate().GetValueMatch()
+				vm.MatchPattern = &xdsmatcherv3.StringMatcher_Exact{Exact: vm.GetPrefix()}
+			}
 		}},
 		{"per-route key misspelt", "per-route configs are keyed by existing filter names", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
-			r := route(t, g, "healthz")
-			r.TypedPerFilterConfig["ext_proc"] = r.TypedPerFilterConfig["envoy.filters.http.ext_proc"]
+			route(t, g, "healthz").TypedPerFilterConfig = map[string]*anypb.Any{"ext_proc": disabledPerRoute(t)}
 		}},
 		{"confirm retries on 5xx", "confirm retries only on reset and connect-failure, keeping the key", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
 			route(t, g, "transfer_confirm").GetRoute().RetryPolicy.RetryOn = "5xx,reset"
@@ -354,6 +365,24 @@ func extProc(t *testing.T, g *envoytest.Gateway) *extprocv3.ExternalProcessor {
 	ep, _, err := g.ExtProc()
 	require.NoError(t, err)
 	return ep
+}
+
+func extProcFilter(t *testing.T, g *envoytest.Gateway) *envoytest.Filter {
+	t.Helper()
+	for i := range g.Filters {
+		if g.Filters[i].Name == envoytest.ExtProcFilter {
+			return &g.Filters[i]
+		}
+	}
+	t.Fatalf("no filter %q", envoytest.ExtProcFilter)
+	return nil
+}
+
+func disabledPerRoute(t *testing.T) *anypb.Any {
+	t.Helper()
+	a, err := anypb.New(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Disabled{Disabled: true}})
+	require.NoError(t, err)
+	return a
 }
 
 func route(t *testing.T, g *envoytest.Gateway, name string) *routev3.Route {

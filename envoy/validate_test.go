@@ -1,13 +1,11 @@
 package envoy
 
 import (
-	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"sigs.k8s.io/yaml"
 
 	"github.com/idemgate/idemgate/envoy/envoytest"
 )
@@ -23,57 +21,12 @@ func TestEnvoyYAMLPassesEnvoyValidate(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// snippetBootstrap is the smallest Envoy that an operator might already run
-// (a listener whose connection manager routes everything to an app, with a
-// router and nothing else) with the three pieces of ext_proc-filter.yaml
-// pasted where its header says: the filter right before the router, the
-// cluster beside the app's, the per-route switch on the route that is not an
-// operation.
+// snippetBootstrap is the smallest Envoy an operator might already run (a
+// listener whose connection manager routes everything to an app) with every
+// piece of ext_proc-filter.yaml pasted where its header says.
 func snippetBootstrap(t *testing.T, snippet []byte) []byte {
 	t.Helper()
-	js, err := yaml.YAMLToJSONStrict(snippet)
-	require.NoError(t, err)
-	var pieces struct {
-		HTTPFilters          []json.RawMessage          `json:"http_filters"`
-		Clusters             []json.RawMessage          `json:"clusters"`
-		TypedPerFilterConfig map[string]json.RawMessage `json:"typed_per_filter_config"`
-	}
-	require.NoError(t, json.Unmarshal(js, &pieces))
-	require.NotEmpty(t, pieces.HTTPFilters)
-	require.NotEmpty(t, pieces.Clusters)
-	require.NotEmpty(t, pieces.TypedPerFilterConfig)
-
-	raw := func(s string) json.RawMessage { return json.RawMessage(s) }
-	filters := append(pieces.HTTPFilters, raw(`{"name":"envoy.filters.http.router","typed_config":{"@type":"type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}`))
-	clusters := append([]json.RawMessage{raw(`{"name":"app","type":"STATIC","connect_timeout":"1s",
-		"load_assignment":{"cluster_name":"app","endpoints":[{"lb_endpoints":[{"endpoint":{"address":{"socket_address":{"address":"127.0.0.1","port_value":8081}}}}]}]}}`)},
-		pieces.Clusters...)
-	routes := []any{
-		map[string]any{"name": "transfer_confirm", "match": map[string]any{"path": "/v1/transfers/confirm"}, "route": map[string]any{"cluster": "app", "timeout": "10s"}},
-		map[string]any{"name": "everything_else", "match": map[string]any{"prefix": "/"}, "route": map[string]any{"cluster": "app"},
-			"typed_per_filter_config": pieces.TypedPerFilterConfig},
-	}
-	bootstrap := map[string]any{
-		"static_resources": map[string]any{
-			"listeners": []any{map[string]any{
-				"name":    "existing",
-				"address": map[string]any{"socket_address": map[string]any{"address": "127.0.0.1", "port_value": 10000}},
-				"filter_chains": []any{map[string]any{"filters": []any{map[string]any{
-					"name": "envoy.filters.network.http_connection_manager",
-					"typed_config": map[string]any{
-						"@type":       "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-						"stat_prefix": "existing",
-						"route_config": map[string]any{"virtual_hosts": []any{map[string]any{
-							"name": "app", "domains": []string{"*"}, "routes": routes,
-						}}},
-						"http_filters": filters,
-					},
-				}}}},
-			}},
-			"clusters": clusters,
-		},
-	}
-	out, err := json.Marshal(bootstrap)
+	out, err := envoytest.PasteIntoBootstrap(snippet, envoytest.PasteOptions{UpstreamAddr: "127.0.0.1:8081"})
 	require.NoError(t, err)
 	return out
 }
@@ -83,6 +36,17 @@ func TestFilterSnippetPassesEnvoyValidateInsideABootstrap(t *testing.T) {
 	bootstrap := snippetBootstrap(t, FilterSnippetYAML())
 	_, err := envoytest.ValidateConfig(bin, bootstrap, t.TempDir())
 	require.NoError(t, err, "bootstrap:\n%s", bootstrap)
+	g, err := envoytest.DecodeBootstrap(bootstrap)
+	require.NoError(t, err)
+	c, err := envoytest.ReadIdemgateConfig(IdemgateYAML())
+	require.NoError(t, err)
+	for _, check := range []string{"idemgate runs on the operation paths and on no other route's", "near-miss operation paths never reach an upstream unguarded"} {
+		for _, ch := range envoytest.BootstrapChecks() {
+			if ch.Name == check {
+				require.NoError(t, ch.Run(g, c), check)
+			}
+		}
+	}
 }
 
 // TestComposeEnvoyPassesEnvoyValidate validates what docker-compose's envoy
@@ -112,7 +76,7 @@ func TestEnvoyValidateRejectsBrokenConfigs(t *testing.T) {
 		name, old, new, want string
 		decodes              bool // whether envoytest's strict decoding accepts it
 	}{
-		{"a route to a cluster that does not exist", "cluster: payments   # idemgate answers status", "cluster: paymnets   # idemgate answers status",
+		{"a route to a cluster that does not exist", "cluster: payments\n                  timeout: 15s", "cluster: paymnets\n                  timeout: 15s",
 			"unknown cluster 'paymnets'", true},
 		{"a misspelt ext_proc field", "message_timeout: 1s", "message_timeoutt: 1s", "message_timeoutt", false},
 	} {
@@ -127,15 +91,16 @@ func TestEnvoyValidateRejectsBrokenConfigs(t *testing.T) {
 			require.Contains(t, out, tc.want)
 		})
 	}
-	t.Run("the snippet's per-route switch with the filter's own type", func(t *testing.T) {
+	t.Run("the snippet's matcher action with another type", func(t *testing.T) {
 		snippet := string(FilterSnippetYAML())
-		per := "ext_proc.v3.ExtProcPerRoute"
-		require.Equal(t, 1, strings.Count(snippet, per))
-		broken := strings.Replace(snippet, per, "ext_proc.v3.ExternalProcessor", 1)
+		skip := "matcher.action.v3.SkipFilter"
+		require.Equal(t, 1, strings.Count(snippet, skip))
+		broken := strings.Replace(snippet, skip, "matcher.action.v3.SkipFilte", 1)
+		_, err := envoytest.PasteIntoBootstrap([]byte(broken), envoytest.PasteOptions{UpstreamAddr: "127.0.0.1:8081"})
+		require.NoError(t, err, "pasting does not decode the Anys")
 		out, err := envoytest.ValidateConfig(bin, snippetBootstrap(t, []byte(broken)), t.TempDir())
 		require.Error(t, err)
-		// protobuf varies the spaces in its messages on purpose.
-		require.Regexp(t, `no\s+such\s+field:\s+'disabled'`, out)
+		require.Contains(t, out, "SkipFilte")
 	})
 }
 

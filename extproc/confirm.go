@@ -100,7 +100,7 @@ func (ex *exchange) confirmRequest(body []byte, headersOnly bool) (*extprocv3.Pr
 	ex.traceVerified(vs, claims, err)
 	if err != nil {
 		if reason, _ := fingerprint.ReasonOf(err); reason == fingerprint.ReasonExpired && selectErr == nil {
-			return ex.expired(token, expect, headersOnly)
+			return ex.expired(token, expect)
 		}
 		return ex.verifyFailed(err, claims, false), true
 	}

@@ -113,7 +113,13 @@ func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	path, _ := headerValue(hm, hdrPath)
 	ex.method, ex.path = method, path // what an attestation binds
 	ex.traceID, _ = headerValue(hm, hdrRequestID)
+	if reply, refused := ex.spellingRefused(req, h, method, path); refused {
+		return reply, true
+	}
 	if ep := ex.srv.cfg.MCPEndpoint(method, path); ep != nil {
+		if reply, refused := ex.retryHeadersRefused(req, h, method, path); refused {
+			return reply, true
+		}
 		ex.proc = mcpProcessor
 		return ex.mcpRequestHeaders(req, h, ep)
 	}
@@ -121,6 +127,11 @@ func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	if !ok {
 		ex.srv.metrics.passthrough.Inc()
 		return requestHeadersReply(nil, passThroughMode), true
+	}
+	if target.Kind == config.KindConfirm {
+		if reply, refused := ex.retryHeadersRefused(req, h, method, path); refused {
+			return reply, true
+		}
 	}
 	ex.op, ex.kind, ex.vars = target.Op, target.Kind, vars
 	ex.proc = processorFor(ex.kind)

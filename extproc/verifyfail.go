@@ -22,7 +22,13 @@ import (
 // flight or unknown is answered as such; only when nothing was ever
 // acquired is the answer fingerprint_expired. This departs from DESIGN
 // section 8's order (expiry before the store) on purpose.
-func (ex *exchange) expired(token string, expect fingerprint.Expect, headersOnly bool) (*extprocv3.ProcessingResponse, bool) {
+//
+// The record is only read, never claimed: an expired token starts nothing,
+// whatever the record says ("refused from exp + 1s"). The confirm path's
+// answer() would acquire again after an abandoned first attempt or a record
+// that vanished, and take over an expired lease — each a first execution
+// after exp. See expiredAnswer.
+func (ex *exchange) expired(token string, expect fingerprint.Expect) (*extprocv3.ProcessingResponse, bool) {
 	expect.AllowExpired = true
 	claims, err := ex.srv.cfg.Keys.Verify(token, expect, ex.srv.now())
 	if err != nil {
@@ -41,7 +47,46 @@ func (ex *exchange) expired(token string, expect fingerprint.Expect, headersOnly
 		ex.securityEvent(security.ReasonStoreParamMismatch, claims, nil)
 		return ex.envelope(envelope.ParamsChanged, 0, envelope.Extra{}), true
 	}
-	return ex.answer(state.Answer{Outcome: state.OutcomeOf(rec.State), Record: rec}, claims, ex.srv.newOwner(), headersOnly, 0)
+	return ex.expiredAnswer(rec, claims), true
+}
+
+// expiredAnswer answers an expired confirm from its record without any
+// call that could let the request through (Acquire, Takeover).
+func (ex *exchange) expiredAnswer(rec state.Record, claims fingerprint.Claims) *extprocv3.ProcessingResponse {
+	switch rec.State {
+	case state.Done, state.Failed:
+		return ex.replay(rec, claims.Nonce)
+	case state.Unknown:
+		return ex.envelope(envelope.NeedsReconciliation, 0, envelope.Extra{})
+	case state.InFlight:
+		if !rec.LeaseExpired {
+			return ex.envelope(envelope.InProgress, 0, envelope.Extra{})
+		}
+		// The owner's lease ran out and no token that could re-send the
+		// request exists any more: no one will ever take this claim over.
+		// Marking it UNKNOWN (which sends nothing) puts it in front of a
+		// person, as for a downstream that ignores keys.
+		ctx, cancel := ex.srv.storeContext(ex.ctx)
+		defer cancel()
+		ans, err := ex.srv.store.MarkUnknown(ctx, state.Claim{Key: rec.Key, Owner: rec.Owner, Fence: rec.Fence})
+		if err != nil {
+			return ex.storeFailed("mark_unknown", err)
+		}
+		switch {
+		case ans.Outcome == state.OutcomeOK:
+			ex.logger().Warn("expired fingerprint met an abandoned claim: record marked UNKNOWN for reconciliation", "previous_owner", rec.Owner)
+			ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, "marked_unknown").Inc()
+			return ex.envelope(envelope.NeedsReconciliation, 0, envelope.Extra{})
+		case ans.Outcome == state.OutcomeNotOwner && ans.Record.Key != "" && ans.Record.State != state.InFlight:
+			// Someone moved it first: answer from what is there now.
+			return ex.expiredAnswer(ans.Record, claims)
+		case ans.Outcome == state.OutcomeNotFound:
+			return ex.envelope(envelope.FingerprintExpired, 0, envelope.Extra{})
+		}
+		return ex.envelope(envelope.InProgress, 0, envelope.Extra{})
+	}
+	ex.logger().Error("unexpected record state", "state", string(rec.State))
+	return ex.envelope(envelope.InternalError, 0, envelope.Extra{})
 }
 
 // verifyFailed answers a rejected fingerprint and reports security events.

@@ -46,9 +46,6 @@ import (
 
 const (
 	egDir = "envoy-gateway"
-	// mcpPath is the MCP endpoint the overlay guards (DESIGN section 9) beside
-	// the operation paths of idemgate.yaml.
-	mcpPath = "/mcp"
 	// egExtServiceTimeout is the grpc_service.timeout Envoy Gateway writes into
 	// every ext_proc filter it generates (defaultExtServiceRequestTimeout in its
 	// xDS translator); no field of the API changes it.
@@ -163,10 +160,10 @@ func mustRenderEG(t interface {
 	return m
 }
 
-// guardedPaths are the paths idemgate must see: every operation path and the
-// MCP endpoint.
+// guardedPaths are the paths idemgate must see: every operation path of
+// idemgate.yaml, MCP endpoints included.
 func (m *egManifests) guardedPaths() []string {
-	return append(m.cfg.OperationPaths(), mcpPath)
+	return m.cfg.OperationPaths()
 }
 
 // targetsOf returns the HTTPRoutes a policy attaches to, or an error for any

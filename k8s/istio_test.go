@@ -93,7 +93,10 @@ func decodePatches(t *testing.T, ef *networkingv1alpha3.EnvoyFilter) decodedPatc
 		case networkingv1alpha3.EnvoyFilter_HTTP_ROUTE:
 			rc := p.GetMatch().GetRouteConfiguration()
 			require.Equal(t, "default", rc.GetVhost().GetRoute().GetName(), "patch %d", i)
-			require.Equal(t, inboundVirtualHost(patchPort(p)), rc.GetVhost().GetName(), "patch %d", i)
+			// Istio names the inbound virtual host after the Service port
+			// (inbound|http|80), not the container port the patch is scoped
+			// to; a name that disagrees makes the patch silently not apply.
+			require.Empty(t, rc.GetVhost().GetName(), "patch %d: match the route, not the virtual host's name", i)
 			var r routev3.Route
 			switch op {
 			case networkingv1alpha3.EnvoyFilter_Patch_MERGE:
@@ -118,10 +121,10 @@ func decodePatches(t *testing.T, ef *networkingv1alpha3.EnvoyFilter) decodedPatc
 	return out
 }
 
-// Istio's names for the inbound pieces of a sidecar (pilot's
-// buildSidecarInboundHTTPRouteConfig and route.DefaultRouteName).
-func inboundVirtualHost(port uint32) string { return "inbound|http|" + itoa(port) }
-func inboundCluster(port uint32) string     { return "inbound|" + itoa(port) + "||" }
+// Istio's name for the inbound cluster of a port (pilot's
+// buildSidecarInboundHTTPRouteConfig); the virtual host is named after the
+// Service port instead (inbound|http|80 for service.yaml).
+func inboundCluster(port uint32) string { return "inbound|" + itoa(port) + "||" }
 
 func itoa(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
 
@@ -142,7 +145,7 @@ func assembleInbound(t *testing.T, d decodedPatches, port uint32) *envoytest.Gat
 	hcm.RouteSpecifier = &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
 		Name: inboundCluster(port),
 		VirtualHosts: []*routev3.VirtualHost{{
-			Name: inboundVirtualHost(port), Domains: []string{"*"},
+			Name: "inbound|http|80", Domains: []string{"*"},
 			Routes: append(slices.Clone(d.insertedRoutes), def),
 		}},
 	}}

@@ -87,7 +87,7 @@ func TestIstioEnvoyFilterPassesEnvoyValidate(t *testing.T) {
 		for _, r := range hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes() {
 			routes = append(routes, r.GetName())
 		}
-		require.Equal(t, []string{"transfer_preview", "transfer_confirm", "transfer_status", "operation_near_miss", "default"}, routes)
+		require.Equal(t, []string{"transfer_preview", "transfer_confirm", "transfer_status", "mcp", "mcp_near_miss", "operation_near_miss", "default"}, routes)
 		var clusters []string
 		for _, c := range bs.GetStaticResources().GetClusters() {
 			clusters = append(clusters, c.GetName())
@@ -162,7 +162,8 @@ func inboundHCM(t *testing.T, bs *bootstrapv3.Bootstrap, port uint32) *hcmv3.Htt
 //     connection manager's http_filters;
 //   - CLUSTER ADD: appended to the clusters;
 //   - HTTP_ROUTE MERGE / INSERT_BEFORE: the route vhost.route.name of the
-//     virtual host vhost.name in that connection manager's route_config.
+//     virtual host vhost.name (any virtual host when the name is empty, as in
+//     Istio) in that connection manager's route_config.
 //
 // Within one kind, patches apply in the order written, as in Istio. Unlike
 // Istio, a patch that matches nothing is an error: in a test it means the
@@ -249,7 +250,7 @@ func applyPatch(bs *bootstrapv3.Bootstrap, p *networkingv1alpha3.EnvoyFilter_Env
 		}
 		return forEachHCM(bs, rm.GetPortNumber(), "envoy.filters.network.http_connection_manager", func(h *hcmv3.HttpConnectionManager) error {
 			for _, vh := range h.GetRouteConfig().GetVirtualHosts() {
-				if vh.GetName() != rm.GetVhost().GetName() {
+				if name := rm.GetVhost().GetName(); name != "" && vh.GetName() != name {
 					continue
 				}
 				at := slices.IndexFunc(vh.Routes, func(r *routev3.Route) bool { return r.GetName() == rm.GetVhost().GetRoute().GetName() })

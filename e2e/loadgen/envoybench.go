@@ -24,8 +24,14 @@ import (
 
 // The columns of the through-Envoy table, in the order of the report.
 const (
-	evPlain   = "envoy"
-	evNoop    = "envoy+noop"
+	evPlain = "envoy"
+	// The attach cost: a path of the API that is no operation, through
+	// Envoy alone and through the Envoy that carries idemgate.
+	evPlainOther    = "envoy other-path"
+	evAttachedOther = "envoy+idemgate other-path"
+	evNoop          = "envoy+noop"
+	// evAnswer is the floor with a replay's message count (2).
+	evAnswer  = "envoy+noop-answer"
 	evIO      = "envoy+io-floor"
 	evPreview = "envoy+preview"
 	evConfirm = "envoy+confirm-tiered"
@@ -41,12 +47,14 @@ const (
 )
 
 var envoyColumnDescriptions = map[string]string{
-	evPlain:   "(a) Envoy routing to the upstream with no ext_proc: the shipped envoy.yaml with the ext_proc filter taken out of the chain (header_mutation and jwt_authn stay). Preview requests.",
-	evNoop:    "(b) Envoy + a no-op ext_proc server (this tool with -serve noop, on idemgate's gRPC transport: extproc.TransportOptions) answering every message with an empty CONTINUE; the shipped filter config and body modes (4 messages per request). Preview requests.",
-	evIO:      "(b) plus the naive store round trips: Envoy + the I/O floor server (CONTINUE to everything, plus per request an acquire-like EVALSHA and a PostgreSQL INSERT at the request body, an UPDATE and a complete-like EVALSHA at the response body) on the same Redis and PostgreSQL as idemgate. Preview requests.",
-	evPreview: "(c) Envoy + idemgate, preview: idemgate signs a fingerprint into the upstream's quote (no store call). Expected: 200 with Idempotency-Fingerprint.",
-	evConfirm: "(c) Envoy + idemgate, first-time confirm on the tiered store (Redis + PostgreSQL): verify, acquire, the upstream called with Idempotency-Key, complete. Each request carries a distinct fingerprint minted with idemgate's key for the JWT's subject. Expected: 200 with the upstream's mark that it saw the key.",
-	evReplay:  "(c) Envoy + idemgate, replay: confirms of fingerprints already DONE (a pool confirmed through Envoy beforehand, reused round-robin): idemgate answers from the record after the request body, the upstream is not called. Expected: 200 with Idempotent-Replayed: true.",
+	evPlain:         "(a) Envoy routing to the upstream with no ext_proc: the shipped envoy.yaml with the ext_proc filter taken out of the chain (header_mutation and jwt_authn stay). Preview requests.",
+	evPlainOther:    "(a) as envoy, POST " + otherPath + " (a path no operation guards; the upstream answers it like a preview).",
+	evAttachedOther: "(c) the Envoy that carries idemgate (the shipped envoy.yaml: ext_proc inside its path matcher), POST " + otherPath + ": the matcher skips ext_proc, no stream is opened. What attaching idemgate costs the rest of an API.",
+	evNoop:          "(b) Envoy + a no-op ext_proc server (this tool with -serve noop, on idemgate's gRPC transport: extproc.TransportOptions) answering every message with an empty CONTINUE; the shipped filter config and body modes (4 messages per request). Preview requests.",
+	evIO:            "(b) plus the naive store round trips: Envoy + the I/O floor server (CONTINUE to everything, plus per request an acquire-like EVALSHA and a PostgreSQL INSERT at the request body, an UPDATE and a complete-like EVALSHA at the response body) on the same Redis and PostgreSQL as idemgate. Preview requests.",
+	evPreview:       "(c) Envoy + idemgate, preview: idemgate signs a fingerprint into the upstream's quote (no store call). Expected: 200 with Idempotency-Fingerprint.",
+	evConfirm:       "(c) Envoy + idemgate, first-time confirm on the tiered store (Redis + PostgreSQL): verify, acquire, the upstream called with Idempotency-Key, complete. Each request carries a distinct fingerprint minted with idemgate's key for the JWT's subject. Expected: 200 with the upstream's mark that it saw the key.",
+	evReplay:        "(c) Envoy + idemgate, replay: confirms of fingerprints already DONE (a pool confirmed through Envoy beforehand, reused round-robin): idemgate answers from the record after the request body, the upstream is not called. Expected: 200 with Idempotent-Replayed: true.",
 
 	evNoopMCP:      "(b) over MCP: Envoy + the no-op ext_proc server, tools/call of " + mcpUnguardedTool + " (a tool no operation guards) to /mcp with Mcp-Method/Mcp-Name headers; the upstream answers it exactly like the preview tool (the quote as structuredContent plus a text block, JSON). 4 messages per request.",
 	evMCPUnguarded: "(c) Envoy + idemgate, the same unguarded tools/call: idemgate lets it pass at the request headers from Mcp-Method/Mcp-Name (the 2026-07-28 header fast path: no body buffered, every later phase off; 1 message). Expected: a JSON-RPC result for the request's id.",
@@ -56,10 +64,10 @@ var envoyColumnDescriptions = map[string]string{
 }
 
 // envoyColumns lists every column in report order.
-var envoyColumns = []string{evPlain, evNoop, evIO, evPreview, evConfirm, evReplay, evNoopMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
+var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evNoop, evAnswer, evIO, evPreview, evConfirm, evReplay, evNoopMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
 
 // idemgateColumns are the columns idemgate serves.
-var idemgateColumns = []string{evPreview, evConfirm, evReplay, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
+var idemgateColumns = []string{evPreview, evConfirm, evReplay, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay, evAttachedOther}
 
 // envoyBench is one through-Envoy run: the upstream, the ext_proc servers,
 // one Envoy per ext_proc target and the JWTs.
@@ -167,6 +175,12 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	}
 	e.children = append(e.children, noop)
 	e.extProcPid[evNoop] = noop.pid()
+	answer, answerAddr, err := b.startFloor(ctx, "answer")
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, answer)
+	e.extProcPid[evAnswer] = answer.pid()
 	ioArgs := []string{"-redis-addr", e.redis, "-redis-prefix", e.prefix + "iofloor:", "-pg-dsn", e.db.dsn}
 	settings := idemgateSettings{RedisAddr: e.redis, KeyPrefix: e.prefix, PostgresDSN: e.db.dsn}
 	if o.envoyLenientStores {
@@ -199,9 +213,10 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		columns []string
 		edits   envoytest.Edits
 	}{
-		{[]string{evPlain}, envoytest.Edits{Clusters: clusters(noopAddr), DropExtProc: true}},
+		{[]string{evPlain, evPlainOther}, envoytest.Edits{Clusters: clusters(noopAddr), DropExtProc: true}},
 		{[]string{evNoop, evNoopMCP}, envoytest.Edits{Clusters: clusters(noopAddr)}},
 		{[]string{evIO}, envoytest.Edits{Clusters: clusters(ioAddr)}},
+		{[]string{evAnswer}, envoytest.Edits{Clusters: clusters(answerAddr)}},
 		{idemgateColumns, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr)}},
 	} {
 		p, err := startEnvoy(ctx, e.bin, e.dir, s.columns[0], s.edits)
@@ -318,7 +333,7 @@ func expectedLabel(column string) string {
 		return "200 " + markSigned
 	case evConfirm:
 		return "200 " + markKey
-	case evReplay:
+	case evReplay, evAnswer:
 		return "200 " + markReplayed
 	case evNoopMCP, evMCPUnguarded:
 		return "200 " + markRPC
@@ -346,7 +361,7 @@ func (e *envoyBench) source(column string, c int) (httpSource, error) {
 			return nil, err
 		}
 		return &confirmHTTPSource{e: e, items: items}, nil
-	case evReplay:
+	case evReplay, evAnswer:
 		return &confirmHTTPSource{e: e, items: e.replay, cycle: true, limit: uint64(float64(o.budgetRate) * cell)}, nil
 	case evNoopMCP, evMCPUnguarded:
 		return &mcpSource{tool: mcpUnguardedTool, tokens: e.tokens, args: previewBytes, limit: uint64(float64(o.budgetRate) * cell)}, nil
@@ -362,11 +377,16 @@ func (e *envoyBench) source(column string, c int) (httpSource, error) {
 	case evMCPReplay:
 		return &mcpSource{tool: mcpConfirmTool, tokens: e.tokens, items: e.mcpReplay, cycle: true, limit: uint64(float64(o.budgetRate) * cell)}, nil
 	}
-	return &previewHTTPSource{tokens: e.tokens, limit: uint64(float64(o.budgetRate) * cell)}, nil
+	path := previewPath
+	if column == evPlainOther || column == evAttachedOther {
+		path = otherPath
+	}
+	return &previewHTTPSource{path: path, tokens: e.tokens, limit: uint64(float64(o.budgetRate) * cell)}, nil
 }
 
 // previewHTTPSource sends the preview body, subjects round-robin.
 type previewHTTPSource struct {
+	path   string
 	tokens []string
 	n      atomic.Uint64
 	limit  uint64
@@ -379,7 +399,7 @@ func (s *previewHTTPSource) Next(int) *httpRequest {
 	if i > s.limit {
 		return nil
 	}
-	return &httpRequest{path: previewPath, auth: s.tokens[i%uint64(len(s.tokens))], body: previewBytes}
+	return &httpRequest{path: s.path, auth: s.tokens[i%uint64(len(s.tokens))], body: previewBytes}
 }
 
 // confirmHTTPSource hands out confirms: each once, or round-robin up to limit.
@@ -439,7 +459,7 @@ func (e *envoyBench) measureCell(ctx context.Context, column string, c, round in
 	}
 	run := httpRun{addr: e.envoys[column].ListenAddr, source: src, concurrency: c,
 		warmup: o.envoyWarmup, duration: o.envoyDuration, expect: expectedLabel(column)}
-	if slices.Contains(idemgateColumns, column) && round == 0 {
+	if slices.Contains(idemgateColumns, column) && column != evAttachedOther && round == 0 {
 		prof := e.b.profiler(ctx, cellSpec{scenario: column, idemgate: e.idem}, c)
 		run.windowStarted = prof.start
 		defer prof.wait()
@@ -554,7 +574,7 @@ func (e *envoyBench) checkUpstream(column string, c, round int, res *httpResult,
 		if want := res.all[expectedLabel(column)]; d.ConfirmsWithKey != want || d.Previews != 0 {
 			problems = append(problems, fmt.Sprintf("the upstream executed %d confirms and %d previews, the client saw %d executed", d.ConfirmsWithKey, d.Previews, want))
 		}
-	case evReplay, evMCPReplay:
+	case evReplay, evMCPReplay, evAnswer:
 		if d.Confirms != 0 || d.Previews != 0 {
 			problems = append(problems, fmt.Sprintf("replays reached the upstream (%d confirms, %d previews)", d.Confirms, d.Previews))
 		}
@@ -616,7 +636,13 @@ func (e *envoyBench) finish() {
 		{Name: "envoy+confirm-tiered / envoy+io-floor", Num: evConfirm, Den: evIO,
 			Note: "against (b) plus the naive store round trips (the same 4 round trips, one after the other, on the same Redis and PostgreSQL)."},
 		{Name: "envoy+noop / envoy", Num: evNoop, Den: evPlain, Note: "what an ext_proc stream costs Envoy itself, with a server that does nothing."},
-		{Name: "envoy+preview / envoy", Num: evPreview, Den: evPlain},
+		{Name: "envoy+idemgate other-path / envoy other-path", Num: evAttachedOther, Den: evPlainOther, Target: 0.95, TargetConcurrency: at,
+			Note: "what attaching idemgate costs a request it does not guard: the filter's matcher skips ext_proc (no stream)."},
+		{Name: "envoy+preview / envoy", Num: evPreview, Den: evPlain, Target: 0.45, TargetConcurrency: at,
+			Note: "a guarded preview against Envoy alone: 4 ext_proc messages (request headers and body, response headers and body)."},
+		{Name: "envoy+replay / envoy", Num: evReplay, Den: evPlain, Note: "2 ext_proc messages; idemgate answers, the upstream is not called."},
+		{Name: "envoy+replay / envoy+noop-answer", Num: evReplay, Den: evAnswer, Note: "against the floor with the same 2 messages and an answer of its own."},
+		{Name: "envoy+confirm-tiered / envoy", Num: evConfirm, Den: evPlain, Note: "4 ext_proc messages and 4 store round trips."},
 		{Name: "envoy+mcp-unguarded / envoy+noop mcp", Num: evMCPUnguarded, Den: evNoopMCP, Target: 0.95, TargetConcurrency: at,
 			Note: "an MCP call no operation guards: idemgate lets it pass at the request headers (Mcp-Method/Mcp-Name), the no-op server exchanges all 4 messages."},
 		{Name: "envoy+mcp-preview / envoy+noop mcp", Num: evMCPPreview, Den: evNoopMCP,

@@ -23,7 +23,7 @@ import (
 
 // serveOptions are the hidden flags of the child mode (-serve).
 type serveOptions struct {
-	kind         string // noop | iofloor | upstream
+	kind         string // noop | answer | iofloor | upstream
 	listen       string
 	redisAddr    string
 	redisPrefix  string // iofloor: prefix of its Redis keys
@@ -54,6 +54,8 @@ func serve(o serveOptions, stderr io.Writer) error {
 	switch o.kind {
 	case "noop":
 		srv = floor.Noop{}
+	case "answer":
+		srv = floor.Answer{}
 	case "iofloor":
 		if o.redisAddr == "" || o.pgDSN == "" {
 			return errors.New("-serve iofloor needs -redis-addr and -pg-dsn")
@@ -72,7 +74,7 @@ func serve(o serveOptions, stderr io.Writer) error {
 		}
 		srv = io
 	default:
-		return fmt.Errorf("unknown -serve %q (noop|iofloor|upstream)", o.kind)
+		return fmt.Errorf("unknown -serve %q (noop|answer|iofloor|upstream)", o.kind)
 	}
 
 	lis, err := net.Listen("tcp", o.listen)

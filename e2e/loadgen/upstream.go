@@ -65,7 +65,7 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
 	h := w.Header()
 	switch {
-	case r.Method == http.MethodPost && r.URL.Path == previewPath:
+	case r.Method == http.MethodPost && (r.URL.Path == previewPath || r.URL.Path == otherPath):
 		u.previews.Add(1)
 		h["Content-Type"] = []string{"application/json"}
 		h["Content-Length"] = []string{u.quoteLen}

@@ -21,8 +21,12 @@ import (
 
 // The operation as the benchmark config declares it (idemgateConfig).
 const (
-	previewPath  = "/v1/transfers/preview"
-	confirmPath  = "/v1/transfers/confirm"
+	previewPath = "/v1/transfers/preview"
+	confirmPath = "/v1/transfers/confirm"
+	// otherPath is a path of the same API that no operation guards: the
+	// upstream answers it like a preview, and the attached Envoy must not
+	// open an ext_proc stream for it.
+	otherPath    = "/v1/quotes"
 	scope        = "payments.transfer"
 	subjectCount = 256
 	jwtNamespace = "envoy.filters.http.jwt_authn"

@@ -9,6 +9,7 @@ import (
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -27,8 +28,9 @@ const (
 	PaymentsCluster = "payments"
 	// ConfirmRoute is the transfer confirm route.
 	ConfirmRoute = "transfer_confirm"
-	// ExtProcFilter is the name the ext_proc filter is registered under.
-	ExtProcFilter = "envoy.filters.http.ext_proc"
+	// ExtProcFilter is the name the ext_proc filter (inside its matcher) is
+	// registered under.
+	ExtProcFilter = "idemgate"
 )
 
 // Edits are the changes the e2e stacks, the load benchmark and the demo make
@@ -239,14 +241,23 @@ func setMessageTimeout(h *hcmv3.HttpConnectionManager, d time.Duration) error {
 		if f.GetName() != ExtProcFilter {
 			continue
 		}
+		var ewm matchingv3.ExtensionWithMatcher
+		if err := f.GetTypedConfig().UnmarshalTo(&ewm); err != nil {
+			return fmt.Errorf("failed to decode the ext_proc filter's matcher: %w", err)
+		}
 		var ep extprocv3.ExternalProcessor
-		if err := f.GetTypedConfig().UnmarshalTo(&ep); err != nil {
+		if err := ewm.GetExtensionConfig().GetTypedConfig().UnmarshalTo(&ep); err != nil {
 			return fmt.Errorf("failed to decode the ext_proc filter: %w", err)
 		}
 		ep.MessageTimeout = durationpb.New(d)
-		packed, err := anypb.New(&ep)
+		inner, err := anypb.New(&ep)
 		if err != nil {
 			return fmt.Errorf("failed to encode the ext_proc filter: %w", err)
+		}
+		ewm.ExtensionConfig.TypedConfig = inner
+		packed, err := anypb.New(&ewm)
+		if err != nil {
+			return fmt.Errorf("failed to encode the ext_proc filter's matcher: %w", err)
 		}
 		f.ConfigType = &hcmv3.HttpFilter_TypedConfig{TypedConfig: packed}
 		return nil

@@ -55,15 +55,18 @@ func TestRenderBootstrap(t *testing.T) {
 	}
 	require.Equal(t, map[string]time.Duration{
 		"transfer_preview": 10 * time.Second, "transfer_confirm": 1500 * time.Millisecond,
-		"transfer_status": 5 * time.Second, "catch_all": 15 * time.Second, "mcp": 30 * time.Second,
+		"transfer_status": 5 * time.Second, "catch_all": 15 * time.Second, "transfer_mcp": 30 * time.Second,
 	}, timeouts)
 	var found bool
-	for _, f := range h.GetHttpFilters() {
-		if f.GetName() != ExtProcFilter {
+	filters, err := UnpackFilters(h.GetHttpFilters())
+	require.NoError(t, err)
+	for _, f := range filters {
+		if f.Name != ExtProcFilter {
 			continue
 		}
-		var ep extprocv3.ExternalProcessor
-		require.NoError(t, f.GetTypedConfig().UnmarshalTo(&ep))
+		ep, ok := f.Config.(*extprocv3.ExternalProcessor)
+		require.True(t, ok, "%s is ext_proc inside its matcher", ExtProcFilter)
+		require.NotNil(t, f.Matcher)
 		require.Equal(t, 8*time.Second, ep.GetMessageTimeout().AsDuration())
 		require.False(t, ep.GetFailureModeAllow(), "never fail open")
 		found = true
@@ -128,7 +131,7 @@ func TestRenderBootstrapDropsExtProc(t *testing.T) {
 		}
 		return names
 	}
-	require.Equal(t, []string{"envoy.filters.http.header_mutation", "envoy.filters.http.jwt_authn", "envoy.filters.http.ext_proc", "envoy.filters.http.router"}, filters(with))
-	require.Equal(t, []string{"envoy.filters.http.header_mutation", "envoy.filters.http.jwt_authn", "envoy.filters.http.router"}, filters(without))
+	require.Equal(t, []string{"idemgate.strip_subject", "envoy.filters.http.jwt_authn", "idemgate", "envoy.filters.http.router"}, filters(with))
+	require.Equal(t, []string{"idemgate.strip_subject", "envoy.filters.http.jwt_authn", "envoy.filters.http.router"}, filters(without))
 	requireEnvoyValidates(t, without)
 }

@@ -15,8 +15,6 @@ import (
 	jwtauthnv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -37,7 +35,7 @@ func BootstrapChecks() []Check {
 		{"ext_proc fails closed, processes both bodies buffered", checkExtProc},
 		{"ext_proc reaches the idemgate cluster over HTTP/2 with health checks", checkExtProcCluster},
 		{"message_timeout fits store.timeout and every route timeout", checkMessageTimeout},
-		{"idemgate runs on exactly the operation routes", checkOperationRoutes},
+		{"idemgate runs on the operation paths and on no other route's", checkOperationRoutes},
 		{"near-miss operation paths never reach an upstream unguarded", checkNearMisses},
 		{"per-route configs are keyed by existing filter names", checkPerRouteKeys},
 		{"confirm retries only on reset and connect-failure, keeping the key", checkConfirmRoutes},
@@ -325,51 +323,90 @@ func MessageTimeoutFits(ep *extprocv3.ExternalProcessor, r *routev3.Route) error
 	return nil
 }
 
-func checkOperationRoutes(g *Gateway, c *IdemgateConfig) error {
-	_, name, err := g.ExtProc()
+// ExtProcRunsOn reports whether ext_proc runs for a request to path that
+// Envoy routes to route m: the filter's matcher lets it run (RunsFor) and the
+// route does not disable it.
+func (g *Gateway) ExtProcRunsOn(path string, m Match) (bool, error) {
+	f, err := g.extProcFilter()
 	if err != nil {
-		return err
+		return false, err
 	}
+	runs, err := f.RunsFor(path)
+	if err != nil || !runs {
+		return false, err
+	}
+	off, err := ExtProcDisabled(m.VirtualHost, m.Route, f.Name)
+	return !off, err
+}
+
+// extProcFilter is the ext_proc filter with its matcher.
+func (g *Gateway) extProcFilter() (Filter, error) {
+	for _, f := range g.Filters {
+		if _, ok := f.Config.(*extprocv3.ExternalProcessor); ok {
+			return f, nil
+		}
+	}
+	return Filter{}, errors.New("no ext_proc filter")
+}
+
+func checkOperationRoutes(g *Gateway, c *IdemgateConfig) error {
 	var errs []error
-	var enabled []string
-	for _, vh := range g.VirtualHosts() {
-		for _, r := range vh.GetRoutes() {
-			off, err := ExtProcDisabled(vh, r, name)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if off {
-				continue
-			}
-			p := r.GetMatch().GetPath()
-			if p == "" || !slices.Contains(c.OperationPaths(), p) {
-				errs = append(errs, fmt.Errorf("route %q (%s) runs idemgate but is not an operation path; disable ext_proc on it",
-					r.GetName(), protojsonString(r.GetMatch())))
-				continue
-			}
-			enabled = append(enabled, p)
-		}
-	}
 	for _, p := range c.OperationPaths() {
-		if !slices.Contains(enabled, p) {
-			errs = append(errs, fmt.Errorf("operation path %s has no route with idemgate enabled", p))
-			continue
-		}
 		m, err := g.RouteFor(p)
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("operation path %s: %w", p, err))
 			continue
 		}
 		if m.Route.GetMatch().GetPath() != p {
 			errs = append(errs, fmt.Errorf("%s is served by route %q, listed before its own route", p, m.Route.GetName()))
 		}
+		runs, err := g.ExtProcRunsOn(p, m)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case !runs:
+			errs = append(errs, fmt.Errorf("operation path %s: idemgate does not run on it", p))
+		}
+	}
+	// Attaching costs nothing elsewhere: a path a route names that is not an
+	// operation path opens no ext_proc stream.
+	for _, vh := range g.VirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			probe := r.GetMatch().GetPath()
+			if probe == "" {
+				probe = r.GetMatch().GetPrefix()
+			}
+			if probe == "" || slices.Contains(c.OperationPaths(), probe) || nearMissOf(probe, c.OperationPaths()) {
+				continue
+			}
+			runs, err := g.ExtProcRunsOn(probe, Match{VirtualHost: vh, Route: r})
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case runs:
+				errs = append(errs, fmt.Errorf("route %q: idemgate runs for %s, which is not an operation path", r.GetName(), probe))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
 
+// nearMissOf reports whether probe spells one of paths some other way
+// (case, a suffix): such a route may run idemgate, which refuses it.
+func nearMissOf(probe string, paths []string) bool {
+	for _, p := range paths {
+		if strings.HasPrefix(strings.ToLower(probe), strings.ToLower(p)) {
+			return true
+		}
+	}
+	return false
+}
+
 // NearMisses are spellings of an operation path that Envoy does not route to
 // the operation but that some upstream frameworks treat as the same endpoint.
+// Encoded spellings, "//" and dot segments are not among them: the shipped
+// connection managers normalise those before routing (checkPathNormalisation),
+// and the matcher's own test covers them for one that does not.
 func NearMisses(path string) []string {
 	out := []string{path + "/", path + "/x", path + ";a=b", path + ".json", strings.ToUpper(path)}
 	if i := strings.LastIndex(path, "/"); i >= 0 && i+1 < len(path) {
@@ -378,25 +415,23 @@ func NearMisses(path string) []string {
 	return out
 }
 
+// checkNearMisses: every other spelling of an operation path is answered by
+// Envoy itself (no route, a direct response) or reaches idemgate, which
+// refuses it; none reaches a cluster with idemgate skipped.
 func checkNearMisses(g *Gateway, c *IdemgateConfig) error {
-	_, name, err := g.ExtProc()
-	if err != nil {
-		return err
-	}
 	var errs []error
 	for _, p := range c.OperationPaths() {
 		for _, probe := range NearMisses(p) {
 			m, err := g.RouteFor(probe)
-			if err != nil {
-				continue // Envoy answers 404 itself
+			if err != nil || m.Route.GetRoute() == nil {
+				continue // Envoy answers itself
 			}
-			off, err := ExtProcDisabled(m.VirtualHost, m.Route, name)
-			if err != nil {
+			runs, err := g.ExtProcRunsOn(probe, m)
+			switch {
+			case err != nil:
 				errs = append(errs, err)
-				continue
-			}
-			if off && m.Route.GetRoute() != nil {
-				errs = append(errs, fmt.Errorf("%s reaches cluster %q through route %q with idemgate disabled",
+			case !runs:
+				errs = append(errs, fmt.Errorf("%s reaches cluster %q through route %q with idemgate skipped",
 					probe, m.Route.GetRoute().GetCluster(), m.Route.GetName()))
 			}
 		}
@@ -627,13 +662,4 @@ func checkAdminLoopback(g *Gateway, _ *IdemgateConfig) error {
 		return fmt.Errorf("admin listens on %q; it must stay on loopback", a)
 	}
 	return nil
-}
-
-// protojsonString prints a message compactly for error messages.
-func protojsonString(m proto.Message) string {
-	b, err := protojson.Marshal(m)
-	if err != nil {
-		return fmt.Sprint(m)
-	}
-	return string(b)
 }

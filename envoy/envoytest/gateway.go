@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	xdsmatcherv3 "github.com/cncf/xds/go/xds/type/matcher/v3"
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -31,10 +32,13 @@ type Gateway struct {
 	Clusters map[string]*clusterv3.Cluster
 }
 
-// Filter is one HTTP filter of the connection manager.
+// Filter is one HTTP filter of the connection manager. A filter wrapped in
+// an ExtensionWithMatcher is the wrapped filter's config, with the matcher
+// that decides when it runs (RunsFor).
 type Filter struct {
-	Name   string
-	Config proto.Message
+	Name    string
+	Config  proto.Message
+	Matcher *xdsmatcherv3.Matcher
 }
 
 // DecodeBootstrap decodes and validates a bootstrap YAML (see UnmarshalYAML)
@@ -97,7 +101,11 @@ func UnpackFilters(in []*hcmv3.HttpFilter) ([]Filter, error) {
 		if err != nil {
 			return nil, fmt.Errorf("failed to unpack http filter %q: %w", f.GetName(), err)
 		}
-		out = append(out, Filter{Name: f.GetName(), Config: m})
+		inner, matcher, err := unwrapMatcher(m)
+		if err != nil {
+			return nil, fmt.Errorf("http filter %q: %w", f.GetName(), err)
+		}
+		out = append(out, Filter{Name: f.GetName(), Config: inner, Matcher: matcher})
 	}
 	return out, nil
 }

@@ -194,6 +194,7 @@ func (c *compiler) compile(f *File) *Runtime {
 	rt.Webhook = c.webhook(f.Security.Webhook)
 	rt.Operations, rt.Routes = c.operations(f.Operations, rt)
 	rt.MCPEndpoints = c.mcpEndpoints(rt.Operations, rt.Routes)
+	rt.Guard = c.guard(rt)
 	if c.languageOK {
 		set, err := envelope.Compile(rt.Language, nil, envelope.Operation{MaxBodyBytes: rt.Limits.MaxBodyBytes})
 		if err != nil {
@@ -312,13 +313,33 @@ func (c *compiler) ttl(t TTL) TTLSettings {
 		InFlight:    c.duration(p("ttl", "in_flight"), t.InFlight, DurationRule{Default: DefaultInFlightTTL}),
 		Terminal:    c.duration(p("ttl", "terminal"), t.Terminal, DurationRule{Default: DefaultTerminalTTL}),
 	}
-	if out.Terminal <= out.Fingerprint {
-		c.errorf(p("ttl", "terminal"), "%s must be longer than ttl.fingerprint (%s): a record must outlive every fingerprint that can reach it, or a late confirm would execute again", out.Terminal, out.Fingerprint)
+	// A confirm may start at the fingerprint's last second and hold its
+	// lease for in_flight before it completes; the record must outlive both,
+	// with room for the clocks that judge them to differ (the gateway's
+	// judges exp, the database's judges expires_at).
+	if need := out.Fingerprint + out.InFlight + TTLClockMargin; out.Terminal < need {
+		c.errorf(p("ttl", "terminal"), "%s must be at least ttl.fingerprint + ttl.in_flight + %s (%s): a record must outlive every fingerprint that can reach it, or a late confirm would execute again", out.Terminal, TTLClockMargin, need)
 	}
 	if out.InFlight >= out.Terminal {
 		c.errorf(p("ttl", "in_flight"), "%s must be shorter than ttl.terminal (%s)", out.InFlight, out.Terminal)
 	}
+	out.ReplayCache = c.duration(p("ttl", "replay_cache"), t.ReplayCache, DurationRule{Default: DefaultReplayCache(out.Fingerprint, out.Terminal)})
+	if out.ReplayCache > out.Terminal {
+		c.errorf(p("ttl", "replay_cache"), "%s must not be longer than ttl.terminal (%s): Redis never needs a record PostgreSQL no longer keeps", out.ReplayCache, out.Terminal)
+	}
 	return out
+}
+
+// TTLClockMargin is what ttl.terminal must exceed ttl.fingerprint +
+// ttl.in_flight by: room for the gateway's and the database's clocks to
+// differ.
+const TTLClockMargin = time.Minute
+
+// DefaultReplayCache is ttl.replay_cache when it is not set: replays come
+// within minutes, so Redis keeps a record for max(ttl.fingerprint, 1h) —
+// never longer than ttl.terminal.
+func DefaultReplayCache(fingerprint, terminal time.Duration) time.Duration {
+	return min(max(fingerprint, time.Hour), terminal)
 }
 
 func (c *compiler) limits(l Limits) LimitSettings {

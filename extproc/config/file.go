@@ -77,6 +77,9 @@ type TTL struct {
 	Fingerprint string `yaml:"fingerprint"`
 	InFlight    string `yaml:"in_flight"`
 	Terminal    string `yaml:"terminal"`
+	// ReplayCache is how long Redis keeps a record under a tiered store
+	// (PostgreSQL keeps it for Terminal); see TTLSettings.ReplayCache.
+	ReplayCache string `yaml:"replay_cache"`
 }
 
 // Limits bound what idemgate reads from a body.

@@ -30,6 +30,9 @@ type Runtime struct {
 	// MCPEndpoints holds the MCP endpoints of MCP operations by path (nil
 	// when no operation is MCP).
 	MCPEndpoints map[string]*MCPEndpoint
+	// Guard tells the exact spelling and method of a guarded path from
+	// every other (GuardedPaths).
+	Guard *route.Guard
 	// Envelopes renders answers given before any operation is known (for
 	// example a recovered panic at request headers).
 	Envelopes *envelope.Set
@@ -54,6 +57,11 @@ type TTLSettings struct {
 	Fingerprint time.Duration
 	InFlight    time.Duration
 	Terminal    time.Duration
+	// ReplayCache is how long Redis, the fast path of a tiered store, keeps
+	// a record: replays come within minutes and PostgreSQL, the truth,
+	// keeps it for Terminal. A Redis-only store ignores it (Redis is the
+	// record there and keeps it for Terminal).
+	ReplayCache time.Duration
 }
 
 // LimitSettings bound body reading.

@@ -53,7 +53,7 @@ func (rt *Runtime) WriteSummary(w io.Writer, proc ProcessSummary) error {
 	} else {
 		fmt.Fprintf(&b, "subject:    metadata %s %s\n", rt.Subject.MetadataNamespace, strings.Join(rt.Subject.MetadataPath, "."))
 	}
-	fmt.Fprintf(&b, "ttl:        fingerprint %s, in_flight %s, terminal %s\n", rt.TTL.Fingerprint, rt.TTL.InFlight, rt.TTL.Terminal)
+	fmt.Fprintf(&b, "ttl:        fingerprint %s, in_flight %s, terminal %s, replay_cache %s (Redis under a tiered store)\n", rt.TTL.Fingerprint, rt.TTL.InFlight, rt.TTL.Terminal, rt.TTL.ReplayCache)
 	fmt.Fprintf(&b, "limits:     body %d bytes, JSON depth %d; messages %s", rt.Limits.MaxBodyBytes, rt.Limits.MaxJSONDepth, rt.Language)
 	if proc.Log != "" {
 		fmt.Fprintf(&b, "; log %s", proc.Log)

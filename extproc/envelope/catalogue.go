@@ -62,6 +62,18 @@ var catalogues = map[string]map[Message]Text{
 			Meaning:     "The request is not associated with an authenticated user, so it cannot be bound to a fingerprint. Nothing was executed.",
 			Instruction: "Do not retry. Tell the user that they must be signed in for this action, then start again with {preview_tool}.",
 		},
+		PathNotExact: {
+			Meaning:     "This path is another spelling of a guarded operation's path (different case, a trailing slash, a suffix, encoded or extra characters). Such a call could bypass the exactly-once check, so it was refused. Nothing was executed.",
+			Instruction: "Call the operation again at exactly the path and with the method given in detail, with no other changes.",
+		},
+		MethodNotAllowed: {
+			Meaning:     "This HTTP method is not the one the guarded operation at this path accepts, so the call was refused. Nothing was executed.",
+			Instruction: "Call the operation again with the method given in detail (see also the Allow header), with no other changes.",
+		},
+		HeaderNotAllowed: {
+			Meaning:     "This call carries a header that would let the proxy send it more than once (named in detail), so it was refused. Nothing was executed.",
+			Instruction: "Send the same call again without that header.",
+		},
 		InternalError: {
 			Meaning:     "An internal error occurred in the idempotency gateway while handling this call.",
 			Instruction: "Do not retry this call blindly. If it was a confirmation, call {status_tool} with the same fingerprint to learn whether the operation was executed; otherwise tell the user that the request failed.",
@@ -160,6 +172,18 @@ var catalogues = map[string]map[Message]Text{
 		SubjectRequired: {
 			Meaning:     "该请求没有关联到已认证的用户，因此无法与指纹绑定。本次没有执行任何操作。",
 			Instruction: "不要重试。告诉用户需要先登录才能进行此操作，然后从 {preview_tool} 重新开始。",
+		},
+		PathNotExact: {
+			Meaning:     "这个路径是受保护操作路径的另一种写法（大小写不同、末尾斜杠、后缀、编码或多余字符）。这样的调用可能绕过“只执行一次”的检查，因此被拒绝。本次没有执行任何操作。",
+			Instruction: "按 detail 中给出的确切路径和方法重新调用该操作，其他内容不要改动。",
+		},
+		MethodNotAllowed: {
+			Meaning:     "这个 HTTP 方法不是该路径上受保护操作所接受的方法，因此调用被拒绝。本次没有执行任何操作。",
+			Instruction: "使用 detail 中给出的方法（另见 Allow 头）重新调用该操作，其他内容不要改动。",
+		},
+		HeaderNotAllowed: {
+			Meaning:     "这个调用带有一个会让代理重复发送它的请求头（见 detail），因此被拒绝。本次没有执行任何操作。",
+			Instruction: "去掉该请求头后重新发送同一个调用。",
 		},
 		InternalError: {
 			Meaning:     "幂等网关在处理本次调用时发生了内部错误。",

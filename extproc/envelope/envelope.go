@@ -38,6 +38,13 @@ const (
 	InvalidJSON                Message = "invalid_json"
 	SubjectRequired            Message = "subject_required"
 	InternalError              Message = "internal_error"
+	// PathNotExact, MethodNotAllowed and HeaderNotAllowed refuse a request
+	// that names a guarded operation in a way idemgate does not check: some
+	// other spelling of its path, another method, or headers that would
+	// make Envoy send it more than once. Detail names the exact route.
+	PathNotExact     Message = "path_not_exact"
+	MethodNotAllowed Message = "method_not_allowed"
+	HeaderNotAllowed Message = "header_not_allowed"
 )
 
 // Messages of the status route.
@@ -86,6 +93,9 @@ var specs = map[Message]Spec{
 	InvalidJSON:                {Status: "invalid_json", HTTPStatus: 400},
 	SubjectRequired:            {Status: "subject_required", HTTPStatus: 401},
 	InternalError:              {Status: "internal_error", HTTPStatus: 500},
+	PathNotExact:               {Status: "path_not_exact", HTTPStatus: 404},
+	MethodNotAllowed:           {Status: "method_not_allowed", HTTPStatus: 405},
+	HeaderNotAllowed:           {Status: "header_not_allowed", HTTPStatus: 400},
 
 	StatusNotStarted:             {Status: "not_started", HTTPStatus: 200},
 	StatusInterrupted:            {Status: "not_started", HTTPStatus: 200},

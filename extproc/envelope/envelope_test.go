@@ -81,6 +81,9 @@ func TestRenderTableOfDesignSection5(t *testing.T) {
 		{msg: TemporarilyUnavailable, http: 503, retryable: true, retryAfter: 1, want: map[string]any{"retry_after_ms": 1000.0}},
 		{msg: RequestTooLarge, http: 413, want: map[string]any{}},
 		{msg: InvalidJSON, http: 400, want: map[string]any{}},
+		{msg: PathNotExact, http: 404, extra: Extra{Detail: "use POST /v1/transfers/confirm"}, want: map[string]any{"detail": "use POST /v1/transfers/confirm"}},
+		{msg: MethodNotAllowed, http: 405, extra: Extra{Detail: "use POST /v1/transfers/confirm"}, want: map[string]any{"detail": "use POST /v1/transfers/confirm"}},
+		{msg: HeaderNotAllowed, http: 400, extra: Extra{Detail: "x-envoy-retry-on"}, want: map[string]any{"detail": "x-envoy-retry-on"}},
 	} {
 		t.Run(string(tc.msg), func(t *testing.T) {
 			r := set.Render(tc.msg, "t", 201, tc.extra)

@@ -31,6 +31,12 @@ const (
 	// ways (keys equal ignoring case, U+0000 in a key), refused before the
 	// upstream (the binding rule, DESIGN section 2).
 	ReasonAmbiguousKey = "ambiguous_key"
+	// ReasonPathNotExact, ReasonMethodNotAllowed, ReasonHeaderNotAllowed:
+	// a request named a guarded operation with another spelling of its
+	// path, another method, or a header asking Envoy to re-send it.
+	ReasonPathNotExact     = "path_not_exact"
+	ReasonMethodNotAllowed = "method_not_allowed"
+	ReasonHeaderNotAllowed = "header_not_allowed"
 	// ReasonAmbiguousValue: a bound value that mainstream parsers read
 	// differently (negative zero, 1E400, U+0000...), refused likewise.
 	ReasonAmbiguousValue      = "ambiguous_value"
@@ -51,6 +57,10 @@ type Event struct {
 	// Keys are the JSON paths of ambiguous keys, escaped to printable
 	// ASCII by the fingerprint package.
 	Keys []string
+	// Request is the method and path of a request refused for how it named
+	// a guarded operation (path_not_exact, method_not_allowed), quoted
+	// and cut to a bounded length by the caller.
+	Request string
 }
 
 // Counters are the metrics a Reporter bumps. Nil functions are skipped.
@@ -92,6 +102,7 @@ type payload struct {
 	TraceID       string   `json:"trace_id,omitempty"`
 	ChangedFields []string `json:"changed_fields,omitempty"`
 	Keys          []string `json:"keys,omitempty"`
+	Request       string   `json:"request,omitempty"`
 	Time          string   `json:"time"`
 }
 
@@ -139,6 +150,9 @@ func (r *Reporter) Report(ctx context.Context, e Event) {
 	if len(e.Keys) > 0 {
 		attrs = append(attrs, slog.Any("keys", e.Keys))
 	}
+	if e.Request != "" {
+		attrs = append(attrs, slog.String("request", e.Request))
+	}
 	r.logger.LogAttrs(ctx, slog.LevelWarn, logMessage, attrs...)
 	if r.counters.Event != nil {
 		r.counters.Event(e.Reason)
@@ -148,7 +162,7 @@ func (r *Reporter) Report(ctx context.Context, e Event) {
 	}
 	p := payload{
 		Event: eventName, Reason: e.Reason, Operation: e.Operation, Nonce: e.Nonce,
-		SubjectTag: e.SubjectTag, TraceID: e.TraceID, ChangedFields: e.ChangedFields, Keys: e.Keys,
+		SubjectTag: e.SubjectTag, TraceID: e.TraceID, ChangedFields: e.ChangedFields, Keys: e.Keys, Request: e.Request,
 		Time: r.now().UTC().Format(time.RFC3339Nano),
 	}
 	select {

@@ -19,7 +19,7 @@ import (
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-// migrationLockID is the pg_advisory_lock key that serialises migrations
+// migrationLockID is the pg_advisory_xact_lock key that serialises migrations
 // ("idemgate" in ASCII), so replicas starting together apply each file once.
 const migrationLockID int64 = 0x6964656d67617465
 
@@ -63,11 +63,14 @@ func migrations() ([]migration, error) {
 }
 
 // Migrate applies every embedded migration not yet recorded in
-// schema_migrations, each in its own transaction, while holding a
-// session advisory lock so that concurrent callers (replicas starting at
-// once, `idemgate migrate` beside `serve`) apply each file exactly once.
-// It uses its own connection, closed on return, which also drops the lock
-// whatever happens.
+// schema_migrations in one transaction that first takes a
+// transaction-level advisory lock, so that concurrent callers (replicas
+// starting at once, `idemgate migrate` beside `serve`) apply each file
+// exactly once. The lock ends with the transaction whatever happens: a
+// session lock would not, behind a pooler in transaction mode, where the
+// lock and its unlock can run on different server connections and leave
+// the lock held on a pooled one, so that no later start could migrate.
+// It uses its own connection, closed on return.
 func Migrate(ctx context.Context, dsn string) error {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -77,6 +80,11 @@ func Migrate(ctx context.Context, dsn string) error {
 }
 
 func migrateWith(ctx context.Context, cfg *pgx.ConnConfig) error {
+	// The simple protocol: no statement, named or not, outlives its
+	// message, whatever pooler sits between here and PostgreSQL. Migrations
+	// are not a hot path.
+	cfg = cfg.Copy()
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return state.Unavailable("connect to postgres for migrations", err)
@@ -85,19 +93,24 @@ func migrateWith(ctx context.Context, cfg *pgx.ConnConfig) error {
 	return migrate(ctx, conn)
 }
 
-func migrate(ctx context.Context, conn *pgx.Conn) error {
+func migrate(ctx context.Context, conn *pgx.Conn) (err error) {
 	all, err := migrations()
 	if err != nil {
 		return err
 	}
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrationLockID); err != nil {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return state.Unavailable("begin migrations", err)
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, ignoreClosed(tx.Rollback(context.WithoutCancel(ctx))))
+		}
+	}()
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLockID); err != nil {
 		return state.Unavailable("take the migration lock", err)
 	}
-	// Closing the connection (deferred by the caller) would also release
-	// the lock; unlocking here keeps the session clean when it succeeds.
-	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migrationLockID) }()
-
-	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version    int         PRIMARY KEY,
 		name       text        NOT NULL,
 		applied_at timestamptz NOT NULL DEFAULT now()
@@ -105,7 +118,7 @@ func migrate(ctx context.Context, conn *pgx.Conn) error {
 		return state.Unavailable("create schema_migrations", err)
 	}
 	applied := map[int]bool{}
-	rows, err := conn.Query(ctx, "SELECT version FROM schema_migrations")
+	rows, err := tx.Query(ctx, "SELECT version FROM schema_migrations")
 	if err != nil {
 		return state.Unavailable("read schema_migrations", err)
 	}
@@ -124,23 +137,18 @@ func migrate(ctx context.Context, conn *pgx.Conn) error {
 		if applied[m.version] {
 			continue
 		}
-		if err := apply(ctx, conn, m); err != nil {
+		if err := apply(ctx, tx, m); err != nil {
 			return err
 		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return state.Unavailable("commit migrations", err)
 	}
 	return nil
 }
 
-func apply(ctx context.Context, conn *pgx.Conn, m migration) (err error) {
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return state.Unavailable("begin migration "+m.name, err)
-	}
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, ignoreClosed(tx.Rollback(context.WithoutCancel(ctx))))
-		}
-	}()
+// apply runs one migration inside the migrations' transaction.
+func apply(ctx context.Context, tx pgx.Tx, m migration) error {
 	// No arguments: pgx sends the file with the simple protocol, which
 	// allows several statements.
 	if _, err := tx.Exec(ctx, m.sql); err != nil {
@@ -148,9 +156,6 @@ func apply(ctx context.Context, conn *pgx.Conn, m migration) (err error) {
 	}
 	if _, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name); err != nil {
 		return fmt.Errorf("failed to record migration %s: %w", m.name, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return state.Unavailable("commit migration "+m.name, err)
 	}
 	return nil
 }

@@ -49,8 +49,17 @@
 //     Raise MaxConns only when pool waits show up in the store latency
 //     metric.
 //   - pgx's statement cache (the default exec mode) prepares each query once
-//     per connection. Behind PgBouncer in transaction mode set
-//     default_query_exec_mode=exec in the DSN.
+//     per connection, as a named statement. Behind a pooler in transaction
+//     mode (Options.TransactionPooler; PgBouncer pool_mode=transaction)
+//     consecutive transactions of one client connection run on different
+//     server connections, where a named statement does not exist (PgBouncer
+//     before 1.21, or with max_prepared_statements = 0). There the store
+//     uses pgx's describe cache instead (unnamed statements: parse, bind
+//     and execute travel in one message sequence) and prepares nothing when
+//     a connection opens; likewise whenever the DSN picks an exec mode of
+//     its own (default_query_exec_mode), since a statement prepared under
+//     its text is used whatever the mode says. Migrations take a
+//     transaction-level advisory lock for the same reason (migrate.go).
 //   - Backend failures are wrapped with state.ErrUnavailable; outcomes are
 //     values.
 package postgres
@@ -95,6 +104,10 @@ type Options struct {
 	// Batch tunes how concurrent Acquire and Complete statements share a
 	// round trip and a commit (on unless Batch.Disabled; see batch.go).
 	Batch BatchOptions
+	// TransactionPooler says the DSN points at a connection pooler in
+	// transaction mode (PgBouncer pool_mode=transaction): no named
+	// prepared statements (see the package doc).
+	TransactionPooler bool
 }
 
 // Store is a PostgreSQL state.Store.
@@ -133,10 +146,18 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	if opts.HealthCheckPeriod > 0 {
 		cfg.HealthCheckPeriod = opts.HealthCheckPeriod
 	}
+	if opts.TransactionPooler && cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
 	// Every new connection prepares the statements of the request path
 	// before it is used, so that the first calls on it do not each pay a
-	// Parse/Describe round trip inside their store deadline.
-	cfg.AfterConnect = prepareHotStatements
+	// Parse/Describe round trip inside their store deadline — only with
+	// the statement cache: a statement prepared under its text is used
+	// whatever the exec mode, and behind a transaction pooler it would
+	// live on one server connection only.
+	if cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+		cfg.AfterConnect = prepareHotStatements
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, state.Unavailable("create postgres pool", err)

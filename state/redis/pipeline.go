@@ -20,7 +20,7 @@ import (
 // gateway, Redis and PostgreSQL is most of what a call costs.
 //
 // Failures keep the meaning they have for a single call: the client does
-// not retry (MaxRetries -1), a reply lost with its connection is an error
+// not retry (MaxRetries -1; NoRetry commands for the Cluster client), a reply lost with its connection is an error
 // for every call in the pipeline, and a script the server does not know
 // (NOSCRIPT: not run) is run again on its own with EVAL.
 
@@ -72,16 +72,17 @@ func newPipeliner(c goredis.UniversalClient, opts BatchOptions) *pipeliner {
 func (p *pipeliner) run(ctx context.Context, sc *goredis.Script, key string, args ...any) (any, error) {
 	v, err := p.q.Do(ctx, scriptCall{script: sc, key: key, args: args})
 	if errors.Is(err, errRunAlone) {
-		return sc.Run(ctx, p.c, []string{key}, args...).Result()
+		return runScript(ctx, p.c, sc, key, args...)
 	}
 	return v, err
 }
 
 func (p *pipeliner) send(ctx context.Context, calls []*batch.Call[scriptCall, any]) {
 	pipe := p.c.Pipeline()
-	cmds := make([]*goredis.Cmd, len(calls))
+	cmds := make([]noRetryCmd, len(calls))
 	for i, c := range calls {
-		cmds[i] = pipe.EvalSha(ctx, c.In.script.Hash(), []string{c.In.key}, c.In.args...)
+		cmds[i] = scriptCmd(ctx, c.In.script, false, c.In.key, c.In.args)
+		_ = pipe.Process(ctx, cmds[i])
 	}
 	// Exec's error is the first command's; each command carries its own.
 	_, _ = pipe.Exec(ctx)

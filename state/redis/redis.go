@@ -21,10 +21,12 @@
 //   - The key's TTL is the record's retention (PEXPIREAT in the same script
 //     that writes it), so Redis forgets records on its own and Sweep has
 //     nothing to do.
-//   - go-redis retries are switched off (MaxRetries -1): a script whose
-//     reply was lost may already have run, and running Acquire or Takeover
-//     again would answer IN_FLIGHT to the caller that just won. A failure is
-//     reported instead; the tiered store then asks PostgreSQL. Dial retries
+//   - go-redis retries are switched off (MaxRetries -1, and every script
+//     command is marked NoRetry, which the Cluster client needs: see
+//     noretry.go): a script whose reply was lost may already have run, and
+//     running Acquire or Takeover again would answer IN_FLIGHT to the caller
+//     that just won. A failure is reported instead; the tiered store then
+//     asks PostgreSQL. Dial retries
 //     are cut to one attempt for the same reason a dead Redis must fail
 //     fast: the tiered store's circuit breaker does the retrying, once per
 //     cool-down, instead of every request paying for backoff.
@@ -126,7 +128,16 @@ var (
 	dropOrphanLua string
 )
 
-func script(body string) *goredis.Script { return goredis.NewScript(libLua + "\n" + body) }
+// scriptSources keeps each script's text for EVAL (go-redis does not
+// expose it).
+var scriptSources = map[*goredis.Script]string{}
+
+func script(body string) *goredis.Script {
+	src := libLua + "\n" + body
+	sc := goredis.NewScript(src)
+	scriptSources[sc] = src
+	return sc
+}
 
 var (
 	acquireScript       = script(acquireLua)
@@ -238,7 +249,7 @@ func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key stri
 	if s.pipe != nil {
 		v, err = s.pipe.run(ctx, sc, s.Key(key), args...)
 	} else {
-		v, err = sc.Run(ctx, s.c, []string{s.Key(key)}, args...).Result()
+		v, err = runScript(ctx, s.c, sc, s.Key(key), args...)
 	}
 	if err != nil {
 		return reply{}, state.Unavailable(op, err)

@@ -100,8 +100,10 @@ type Options struct {
 	FailureThreshold int
 	// CoolDown is how long the breaker stays open before a probe (default 1s).
 	CoolDown time.Duration
-	// RedisMaxTTL caps how long repaired records live in Redis (0: their
-	// full retention). PostgreSQL keeps them regardless.
+	// RedisMaxTTL caps how long any record lives in Redis (0: its full
+	// retention): ttl.replay_cache. Replays come within minutes, and a
+	// record Redis has forgotten is answered from PostgreSQL, which keeps it
+	// for its whole retention. Claims and copies from PostgreSQL alike.
 	RedisMaxTTL time.Duration
 	// OnFallback is called whenever a call could not use Redis, with one of
 	// the Fallback* reasons (count it as a metric).
@@ -290,9 +292,13 @@ func (s *Store) Acquire(ctx context.Context, req state.AcquireRequest) (state.An
 		return state.Answer{}, err
 	}
 	var ra state.Answer
+	rreq := req
+	if s.maxTTL > 0 && rreq.Retention > s.maxTTL {
+		rreq.Retention = s.maxTTL
+	}
 	haveRedis := s.tryRedis(ctx, func(ctx context.Context) error {
 		var err error
-		ra, err = s.redis.Acquire(ctx, req)
+		ra, err = s.redis.Acquire(ctx, rreq)
 		return err
 	})
 	if haveRedis {

@@ -42,6 +42,9 @@ Usage:
       Reconciliation (对账): find records a person must settle, read them, settle them.
   idemgate tools --config FILE --format openai|anthropic|mcp
       Print the preview, confirm and status tool definitions of every operation.
+  idemgate envoy-config --config FILE [--idemgate-address HOST:PORT] [--upstream-cluster NAME]
+      Print the Envoy pieces (filters, cluster, operation routes, 413 envelope) that
+      attach idemgate to an Envoy you already run, derived from the config's operations.
   idemgate version
   idemgate help
 
@@ -72,6 +75,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return ops(ctx, rest, stdout, stderr)
 	case "tools":
 		return tools(rest, stdout, stderr)
+	case "envoy-config":
+		return envoyConfig(rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "idemgate", Version)
 		return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,9 @@ type storeSet struct {
 	backend string
 	pg      *postgres.Store
 	redis   *redis.Store
+	// refusal holds why a Redis-only store may not start executions (its
+	// server unchecked or unfit); empty when it may. Unused otherwise.
+	refusal *refusal
 }
 
 // openStore builds the configured store without waiting for any service: a
@@ -36,7 +40,8 @@ func openStore(ctx context.Context, s settings.StoreSettings, metrics *extproc.M
 	if p := s.Postgres; p != nil {
 		// max_conns 0 takes the package default (see state/postgres for the
 		// sizing); serve keeps more of them warm than the default MinConns.
-		pg, err := postgres.New(ctx, postgres.Options{DSN: p.DSN.Reveal(), MaxConns: int32(p.MaxConns), MinConns: serveMinConns})
+		pg, err := postgres.New(ctx, postgres.Options{DSN: p.DSN.Reveal(), MaxConns: int32(p.MaxConns), MinConns: serveMinConns,
+			TransactionPooler: p.TransactionPooler})
 		if err != nil {
 			return nil, fmt.Errorf("failed to set up the PostgreSQL store (DSN from %s): %w", p.DSNSource, err)
 		}
@@ -66,10 +71,13 @@ func openStore(ctx context.Context, s settings.StoreSettings, metrics *extproc.M
 	case "postgres":
 		ss.store = pgStore
 	case "redis":
-		ss.store = state.Instrument(ss.redis, "redis", obs)
+		// Fail closed until the server has been checked (checkRedis).
+		ss.refusal = &refusal{}
+		ss.refusal.set("the Redis server has not been checked yet")
+		ss.store = &refusingStore{Store: state.Instrument(ss.redis, "redis", obs), why: ss.refusal}
 	case "tiered":
 		ts, err := tiered.New(tiered.Options{
-			Redis: ss.redis, Postgres: pgStore, RedisTimeout: s.Redis.Timeout,
+			Redis: ss.redis, Postgres: pgStore, RedisTimeout: s.Redis.Timeout, RedisMaxTTL: s.ReplayCache,
 			OnFallback: metrics.Fallback, Logger: logger,
 		})
 		if err != nil {
@@ -96,6 +104,10 @@ type readiness struct {
 	draining atomic.Bool
 	mu       sync.Mutex
 	reason   string
+	// logger receives the Redis warnings (checkRedis); redisWarning is
+	// the last one logged.
+	logger       *slog.Logger
+	redisWarning string
 }
 
 func (r *readiness) set(ready bool, reason string) (changed bool) {
@@ -124,6 +136,9 @@ const readinessPingTimeout = 5 * time.Second
 // watch keeps retrying migrations (PostgreSQL) and script loading (Redis)
 // until they succeed, then pings the store; readiness follows the answers.
 func (r *readiness) watch(ctx context.Context, ss *storeSet, metrics *extproc.Metrics, logger *slog.Logger) {
+	r.mu.Lock()
+	r.logger = logger
+	r.mu.Unlock()
 	done := startupSteps{migrated: ss.pg == nil, warmed: ss.pg == nil, scripts: ss.redis == nil}
 	for {
 		ready, reason := r.check(ctx, ss, &done)
@@ -166,6 +181,12 @@ func (r *readiness) check(ctx context.Context, ss *storeSet, done *startupSteps)
 			return false, "postgres migrations not applied: " + err.Error()
 		}
 		done.migrated = true
+		// Once per start: whether an acknowledged DONE survives a failover.
+		dctx, dcancel := context.WithTimeout(ctx, readinessPingTimeout)
+		if w, err := ss.pg.DurabilityWarning(dctx); err == nil && w != "" {
+			r.warn(w)
+		}
+		dcancel()
 	}
 	if !done.warmed {
 		// Before the first "ready": the pool's warm connections exist and
@@ -177,6 +198,11 @@ func (r *readiness) check(ctx context.Context, ss *storeSet, done *startupSteps)
 			return false, "postgres connections not open: " + err.Error()
 		}
 		done.warmed = true
+	}
+	if ss.redis != nil {
+		if ready, reason := r.checkRedis(ctx, ss); !ready {
+			return false, reason
+		}
 	}
 	if !done.scripts {
 		lctx, cancel := context.WithTimeout(ctx, readinessPingTimeout)
@@ -238,4 +264,100 @@ func sweep(ctx context.Context, store state.Store, logger *slog.Logger) {
 			logger.Debug("swept expired records", "count", total)
 		}
 	}
+}
+
+// checkRedis judges the Redis server(s) from INFO on every readiness round
+// (a policy can be changed at run time). A Redis-only store refuses to start
+// executions on an evicting maxmemory-policy, and any store on a cluster
+// node addressed as a single server; a tiered store only warns about
+// eviction (PostgreSQL answers what Redis forgets). ready is false with the
+// reason when serve must report not ready.
+func (r *readiness) checkRedis(ctx context.Context, ss *storeSet) (ready bool, reason string) {
+	// Short: with a tiered store a hung Redis must not hold up every round.
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	warnings, err := ss.redis.CheckServer(cctx, ss.backend == "redis")
+	cancel()
+	r.warnOnce(strings.Join(warnings, "; "))
+	switch {
+	case err == nil:
+		if ss.refusal != nil {
+			ss.refusal.set("")
+		}
+		return true, ""
+	case errors.Is(err, redis.ErrMisconfigured):
+		if ss.refusal != nil {
+			ss.refusal.set(err.Error())
+		}
+		return false, err.Error()
+	case ss.backend == "redis":
+		ss.refusal.set("the Redis server could not be checked: " + err.Error())
+		return false, "redis server not checked: " + err.Error()
+	}
+	// Tiered, Redis unreachable: it is only the fast path.
+	return true, ""
+}
+
+// warn logs a warning about the stores.
+func (r *readiness) warn(warning string) {
+	r.mu.Lock()
+	logger := r.logger
+	r.mu.Unlock()
+	if logger != nil {
+		logger.Warn(warning)
+	}
+}
+
+// warnOnce logs a Redis warning when it differs from the last one logged.
+func (r *readiness) warnOnce(warning string) {
+	r.mu.Lock()
+	changed := warning != r.redisWarning
+	r.redisWarning = warning
+	logger := r.logger
+	r.mu.Unlock()
+	if changed && warning != "" && logger != nil {
+		logger.Warn(warning)
+	}
+}
+
+// refusal is a reason to refuse new executions; empty means none.
+type refusal struct{ why atomic.Pointer[string] }
+
+func (f *refusal) set(why string) { f.why.Store(&why) }
+
+func (f *refusal) reason() string {
+	if p := f.why.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// refusingStore refuses the calls that start an execution (Acquire,
+// Takeover) while its refusal holds a reason; everything else (completing
+// what runs, status reads, reconciliation) passes.
+type refusingStore struct {
+	state.Store
+	why *refusal
+}
+
+func (s *refusingStore) refused() error {
+	if why := s.why.reason(); why != "" {
+		return state.Unavailable("start an execution", errors.New(why))
+	}
+	return nil
+}
+
+// Acquire implements state.Store.
+func (s *refusingStore) Acquire(ctx context.Context, req state.AcquireRequest) (state.Answer, error) {
+	if err := s.refused(); err != nil {
+		return state.Answer{}, err
+	}
+	return s.Store.Acquire(ctx, req)
+}
+
+// Takeover implements state.Store.
+func (s *refusingStore) Takeover(ctx context.Context, req state.TakeoverRequest) (state.Answer, error) {
+	if err := s.refused(); err != nil {
+		return state.Answer{}, err
+	}
+	return s.Store.Takeover(ctx, req)
 }

@@ -23,24 +23,33 @@ func tools(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "tools: --config and --format (openai|anthropic|mcp) are required")
 		return ErrUsage
 	}
-	// The definitions need the operations and their envelopes, never a
-	// secret: load offline, so this runs where the keys and DSN do not exist
-	// (a laptop, CI). The runtime is only read, never served.
-	cfg, warns, err := settings.Load(*path, config.Options{Offline: true})
-	for _, w := range warns {
-		fmt.Fprintf(stderr, "warning: %s\n", w)
-	}
+	cfg, err := loadOffline(*path, stderr)
 	if err != nil {
-		var p *config.Problem
-		if !errors.As(err, &p) {
-			return err
-		}
-		fmt.Fprintln(stderr, err)
-		return fmt.Errorf("%s: %d problem(s)", *path, countProblems(err))
+		return err
 	}
 	defs, err := tooldefs.Definitions(cfg.Runtime)
 	if err != nil {
 		return err
 	}
 	return tooldefs.Render(stdout, defs, tooldefs.Format(*format))
+}
+
+// loadOffline loads a config for a command that describes its operations
+// and needs no secret (tools, envoy-config): offline, so it runs where the
+// keys and DSN do not exist (a laptop, CI). The runtime is only read, never
+// served. Warnings and problems go to stderr.
+func loadOffline(path string, stderr io.Writer) (*settings.Settings, error) {
+	cfg, warns, err := settings.Load(path, config.Options{Offline: true})
+	for _, w := range warns {
+		fmt.Fprintf(stderr, "warning: %s\n", w)
+	}
+	if err != nil {
+		var p *config.Problem
+		if !errors.As(err, &p) {
+			return nil, err
+		}
+		fmt.Fprintln(stderr, err)
+		return nil, fmt.Errorf("%s: %d problem(s)", path, countProblems(err))
+	}
+	return cfg, nil
 }

@@ -34,7 +34,7 @@ func TestBadConfigs(t *testing.T) {
 		}},
 		{file: "bad_messages.yaml", want: []string{
 			"bad_messages.yaml:17:26: operations[0].messages.already_completed: set meaning, instruction or both",
-			"bad_messages.yaml:15:7: operations[0].messages.in_progres: unknown message \"in_progres\" (known: already_completed, already_failed, fingerprint_expired, fingerprint_invalid, fingerprint_required, fingerprint_subject_mismatch, in_progress, internal_error, invalid_json, invalid_params, needs_reconciliation, params_changed, request_too_large, status.completed, status.failed, status.fingerprint_invalid, status.fingerprint_required, status.in_progress, status.interrupted, status.needs_reconciliation, status.not_started, status.temporarily_unavailable, subject_required, temporarily_unavailable)",
+			"bad_messages.yaml:15:7: operations[0].messages.in_progres: unknown message \"in_progres\" (known: already_completed, already_failed, fingerprint_expired, fingerprint_invalid, fingerprint_required, fingerprint_subject_mismatch, header_not_allowed, in_progress, internal_error, invalid_json, invalid_params, method_not_allowed, needs_reconciliation, params_changed, path_not_exact, request_too_large, status.completed, status.failed, status.fingerprint_invalid, status.fingerprint_required, status.in_progress, status.interrupted, status.needs_reconciliation, status.not_started, status.temporarily_unavailable, subject_required, temporarily_unavailable)",
 			"bad_messages.yaml:16:34: operations[0].messages.in_progress.instruction: unknown placeholder {status} (known: {preview_tool} {status_tool} {poll_after_seconds} {retry_after_seconds} {max_body_bytes})",
 		}},
 		{file: "bad_params.yaml", want: []string{
@@ -132,6 +132,9 @@ func TestBadConfigs(t *testing.T) {
 		{file: "postgres_dsn_both.yaml", want: []string{
 			"postgres_dsn_both.yaml:7:5: store.postgres: set exactly one of dsn, dsn_env and dsn_file",
 		}},
+		{file: "postgres_pooler.yaml", want: []string{
+			"postgres_pooler.yaml:8:13: store.postgres.pooler: unknown pooler mode \"statement\" (known: none, session, transaction; statement pooling breaks transactions and is not supported)",
+		}},
 		{file: "postgres_dsn_invalid.yaml", want: []string{
 			"postgres_dsn_invalid.yaml:6:14: store.postgres: invalid PostgreSQL DSN (from inline; not shown because it may hold a password)",
 		}},
@@ -157,7 +160,13 @@ func TestBadConfigs(t *testing.T) {
 			"syntax.yaml:7:12: sequence end token ']' not found",
 		}},
 		{file: "ttl_terminal_short.yaml", want: []string{
-			"ttl_terminal_short.yaml:5:35: ttl.terminal: 10m0s must be longer than ttl.fingerprint (30m0s): a record must outlive every fingerprint that can reach it, or a late confirm would execute again",
+			"ttl_terminal_short.yaml:5:35: ttl.terminal: 10m0s must be at least ttl.fingerprint + ttl.in_flight + 1m0s (32m0s): a record must outlive every fingerprint that can reach it, or a late confirm would execute again",
+		}},
+		{file: "ttl_terminal_margin.yaml", want: []string{
+			"ttl_terminal_margin.yaml:5:50: ttl.terminal: 17m30s must be at least ttl.fingerprint + ttl.in_flight + 1m0s (18m0s): a record must outlive every fingerprint that can reach it, or a late confirm would execute again",
+		}},
+		{file: "ttl_replay_cache_long.yaml", want: []string{
+			"ttl_replay_cache_long.yaml:5:68: ttl.replay_cache: 2h0m0s must not be longer than ttl.terminal (1h0m0s): Redis never needs a record PostgreSQL no longer keeps",
 		}},
 		{file: "unknown_key.yaml", want: []string{
 			"unknown_key.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, attestation, drain, grpc_listen, limits, log, messages, operations, security, signing, store, subject, tracing, ttl)",
@@ -250,7 +259,7 @@ operations:
 	require.Equal(t, config.DefaultSubjectHeader, cfg.Runtime.Subject.Header)
 	require.Equal(t, "memory", cfg.Store.Backend())
 	require.Equal(t, config.DefaultStoreTimeout, cfg.Store.Timeout)
-	require.Equal(t, config.TTLSettings{Fingerprint: config.DefaultFingerprintTTL, InFlight: config.DefaultInFlightTTL, Terminal: config.DefaultTerminalTTL}, cfg.Runtime.TTL)
+	require.Equal(t, config.TTLSettings{Fingerprint: config.DefaultFingerprintTTL, InFlight: config.DefaultInFlightTTL, Terminal: config.DefaultTerminalTTL, ReplayCache: config.DefaultReplayCache(config.DefaultFingerprintTTL, config.DefaultTerminalTTL)}, cfg.Runtime.TTL)
 	require.Equal(t, config.LimitSettings{MaxBodyBytes: config.DefaultMaxBodyBytes, MaxJSONDepth: config.DefaultMaxJSONDepth}, cfg.Runtime.Limits)
 	require.Equal(t, "en", cfg.Runtime.Language)
 	require.Equal(t, config.WebhookSettings{Timeout: config.DefaultWebhookTimeout, QueueSize: config.DefaultWebhookQueue}, cfg.Runtime.Webhook)

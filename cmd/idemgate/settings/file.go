@@ -73,6 +73,10 @@ type Postgres struct {
 	DSNEnv   string `yaml:"dsn_env"`
 	DSNFile  string `yaml:"dsn_file"`
 	MaxConns *int   `yaml:"max_conns"`
+	// Pooler names the connection pooler between idemgate and PostgreSQL:
+	// none (default, or a pooler in session mode) or transaction
+	// (PgBouncer pool_mode=transaction).
+	Pooler string `yaml:"pooler"`
 }
 
 // Drain is the SIGTERM sequence: NOT_SERVING for Period, then GracefulStop

@@ -97,6 +97,9 @@ type StoreSettings struct {
 	Timeout  time.Duration
 	Redis    *RedisSettings
 	Postgres *PostgresSettings
+	// ReplayCache is ttl.replay_cache (read by extproc/config; copied here
+	// for the tiered store): how long Redis keeps a record PostgreSQL holds.
+	ReplayCache time.Duration
 }
 
 // Backend names the store configuration: memory, redis, postgres or tiered.
@@ -147,6 +150,9 @@ type PostgresSettings struct {
 	// DSNSource says where the DSN came from ("inline", "env NAME", "file PATH").
 	DSNSource string
 	MaxConns  int
+	// TransactionPooler: the DSN points at a pooler in transaction mode
+	// (store.postgres.pooler: transaction).
+	TransactionPooler bool
 }
 
 // DrainSettings is the SIGTERM sequence.
@@ -202,6 +208,7 @@ func Parse(name string, data []byte, baseDir string, opts config.Options) (*Sett
 	}
 	s.Log = c.log(f.Log)
 	s.Store = c.store(f.Store, rt.Store.Timeout)
+	s.Store.ReplayCache = rt.TTL.ReplayCache
 	s.Drain = DrainSettings{
 		Period:  ch.Duration(p("drain", "period"), f.Drain.Period, config.DurationRule{Default: DefaultDrainPeriod, AllowZero: true}),
 		Timeout: ch.Duration(p("drain", "timeout"), f.Drain.Timeout, config.DurationRule{Default: DefaultDrainTimeout}),
@@ -361,6 +368,13 @@ func (c *compiler) postgres(pg *Postgres) *PostgresSettings {
 		if ps.MaxConns < 0 {
 			c.ch.Errorf(at("max_conns"), "must not be negative (0 lets idemgate size the pool)")
 		}
+	}
+	switch pg.Pooler {
+	case "", "none", "session":
+	case "transaction":
+		ps.TransactionPooler = true
+	default:
+		c.ch.Errorf(at("pooler"), "unknown pooler mode %q (known: none, session, transaction; statement pooling breaks transactions and is not supported)", pg.Pooler)
 	}
 	return ps
 }

@@ -46,6 +46,9 @@ func (s StoreSettings) summary() string {
 		if pg.MaxConns > 0 {
 			conns = fmt.Sprintf("max %d conns", pg.MaxConns)
 		}
+		if pg.TransactionPooler {
+			conns += ", through a transaction pooler"
+		}
 		parts = append(parts, fmt.Sprintf("postgres (DSN %s, %s)", pg.DSNSource, conns))
 	}
 	parts = append(parts, "timeout "+s.Timeout.String())

@@ -34,6 +34,7 @@ type idemgateConfig struct {
 	ignoreKeys          bool
 	upstreamTimeout     time.Duration
 	extra               map[string]any
+	transactionPooler   bool
 }
 
 // render derives the test's idemgate.yaml from the shipped one.
@@ -68,6 +69,9 @@ func (c idemgateConfig) render() ([]byte, error) {
 	}
 	if postgres["dsn_env"] != postgresDSNEnv {
 		return nil, fmt.Errorf("the shipped idemgate.yaml reads the PostgreSQL DSN from %v, the stack sets %s", postgres["dsn_env"], postgresDSNEnv)
+	}
+	if c.transactionPooler {
+		postgres["pooler"] = "transaction"
 	}
 
 	ttl, err := child(doc, "ttl")

@@ -36,15 +36,23 @@ const (
 // Raw sends body (JSON) in one HTTP/1.1 POST over a fresh connection,
 // framed as f says.
 func (a *Agent) Raw(target string, body []byte, f Framing, extra ...string) (*Response, error) {
+	return a.Send("POST", target, body, f, extra...)
+}
+
+// Send is Raw with any method; a nil body sends no body and no framing
+// headers at all.
+func (a *Agent) Send(method, target string, body []byte, f Framing, extra ...string) (*Response, error) {
 	ua := fmt.Sprintf("idemgate-e2e/%d", agentUserAgents.Add(1))
 	host := strings.TrimPrefix(a.base, "http://")
 	var req bytes.Buffer
-	fmt.Fprintf(&req, "POST %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: %s\r\nContent-Type: application/json\r\nConnection: close\r\n", target, host, ua)
+	fmt.Fprintf(&req, "%s %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: %s\r\nConnection: close\r\n", method, target, host, ua)
 	chunked := f == Chunked
-	if chunked {
-		req.WriteString("Transfer-Encoding: chunked\r\n")
-	} else {
-		fmt.Fprintf(&req, "Content-Length: %d\r\n", len(body))
+	switch {
+	case body == nil:
+	case chunked:
+		req.WriteString("Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n")
+	default:
+		fmt.Fprintf(&req, "Content-Type: application/json\r\nContent-Length: %d\r\n", len(body))
 	}
 	if a.token != "" {
 		fmt.Fprintf(&req, "Authorization: Bearer %s\r\n", a.token)
@@ -53,7 +61,7 @@ func (a *Agent) Raw(target string, body []byte, f Framing, extra ...string) (*Re
 		req.WriteString(h + "\r\n")
 	}
 	req.WriteString("\r\n")
-	if chunked {
+	if chunked && body != nil {
 		for rest := body; len(rest) > 0; {
 			n := min(len(rest), 64<<10)
 			fmt.Fprintf(&req, "%x\r\n", n)
@@ -75,14 +83,14 @@ func (a *Agent) Raw(target string, body []byte, f Framing, extra ...string) (*Re
 	// Written from a goroutine: Envoy may answer (413) before it read
 	// everything, and stop reading.
 	go func() { _, _ = c.Write(req.Bytes()) }()
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: method})
 	if err != nil {
-		return nil, fmt.Errorf("POST %s: %w", target, err)
+		return nil, fmt.Errorf("%s %s: %w", method, target, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, fmt.Errorf("POST %s: failed to read the answer: %w", target, err)
+		return nil, fmt.Errorf("%s %s: failed to read the answer: %w", method, target, err)
 	}
 	return newResponse(resp, b, ua)
 }

@@ -56,6 +56,9 @@ type Options struct {
 	ConfirmRouteTimeout time.Duration
 	// PostgresThroughProxy puts a TCPProxy between idemgate and PostgreSQL.
 	PostgresThroughProxy bool
+	// PostgresThroughPgBouncer puts a PgBouncer in transaction mode between
+	// idemgate and PostgreSQL (store.postgres.pooler: transaction).
+	PostgresThroughPgBouncer bool
 	// MessageTimeout replaces ext_proc's message_timeout when > 0 (the
 	// stack's default is extProcMessageTimeout).
 	MessageTimeout time.Duration
@@ -125,6 +128,12 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		}
 		idemgateDSN = u
 	}
+	if opts.PostgresThroughPgBouncer {
+		if opts.PostgresThroughProxy {
+			t.Fatal("PostgresThroughProxy and PostgresThroughPgBouncer are exclusive")
+		}
+		idemgateDSN = testutil.StartPgBouncer(t, testutil.PgBouncerOptions{PoolSize: 2}).DSN(t, dsn)
+	}
 
 	s.Payments = payments.New(payments.Options{IgnoreIdempotencyKeys: opts.DownstreamIgnoresKeys})
 	s.Upstream = &Upstream{Payments: s.Payments}
@@ -149,7 +158,7 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		grpcAddr: g.GRPCAddr, adminAddr: g.AdminAddr, redisAddr: s.Redis.Addr,
 		fingerprintTTL: opts.FingerprintTTL, inFlightTTL: opts.InFlightTTL,
 		ignoreKeys: opts.DownstreamIgnoresKeys, upstreamTimeout: opts.ConfirmRouteTimeout,
-		extra: opts.IdemgateConfig,
+		extra: opts.IdemgateConfig, transactionPooler: opts.PostgresThroughPgBouncer,
 	}.render()
 	if err != nil {
 		t.Fatal(err)
@@ -263,6 +272,12 @@ func proxiedDSN(dsn string, start func(target string) (string, error)) (string, 
 func (s *Stack) URL() string { return "http://" + s.Envoy.ListenAddr }
 
 // Agent returns an agent client for user.
+// NewAgent is an agent of user (a JWT of the demo issuer) sending to base
+// (http://host:port), for a test that runs its own front.
+func NewAgent(user, base string) (*Agent, error) {
+	return newAgent(user, base, &http.Client{Timeout: 30 * time.Second})
+}
+
 func (s *Stack) Agent(user string) *Agent {
 	s.t.Helper()
 	a, err := newAgent(user, s.URL(), s.client)

@@ -76,7 +76,7 @@ func TestIdemgateConfigIsTheShippedOne(t *testing.T) {
 	require.Equal(t, []string{"127.0.0.1:1003"}, cfg.Store.Redis.Addrs)
 	require.Equal(t, "tiered", cfg.Store.Backend())
 	require.Equal(t, storeTimeout, rt.Store.Timeout)
-	require.Equal(t, config.TTLSettings{Fingerprint: 3 * time.Second, InFlight: 2 * time.Second, Terminal: 72 * time.Hour}, rt.TTL)
+	require.Equal(t, config.TTLSettings{Fingerprint: 3 * time.Second, InFlight: 2 * time.Second, Terminal: 72 * time.Hour, ReplayCache: time.Hour}, rt.TTL)
 	require.Len(t, rt.Operations, 2, "the HTTP operation and the MCP one")
 	require.False(t, rt.Operations[0].HonoursKeys())
 	require.False(t, rt.Operations[1].HonoursKeys())

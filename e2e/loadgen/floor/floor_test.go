@@ -48,6 +48,19 @@ func TestNoopContinuesEveryPhase(t *testing.T) {
 	}
 }
 
+// TestAnswerRepliesAfterTheRequestBody: two messages, the second answered
+// with a 200 replay, and the upstream never called (a replay's shape).
+func TestAnswerRepliesAfterTheRequestBody(t *testing.T) {
+	conns := serve(t, Answer{})
+	for i := 0; i < 3; i++ {
+		out, v := extprocdriver.EnvoyFilter().Trace(t.Context(), conns.Next(), confirmRequest(), nil)
+		require.Equal(t, extprocdriver.Outcome{Status: 200, Local: true}, out)
+		require.Equal(t, 2, v.Replies)
+		require.False(t, v.UpstreamCalled)
+		require.Equal(t, "true", v.Headers["idempotent-replayed"])
+	}
+}
+
 func TestIOFloorMakesExactlyTheConfirmRoundTrips(t *testing.T) {
 	r := testutil.StartRedis(t)
 	dsn := testutil.CreateDatabase(t)

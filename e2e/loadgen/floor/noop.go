@@ -1,5 +1,6 @@
 // Package floor holds the reference ext_proc servers idemgate is measured
 // against: Noop, the protocol floor (CONTINUE to everything, nothing else),
+// Answer, the floor of an answer after the request body (two messages),
 // and IO, the I/O floor (Noop plus exactly the store round trips of one
 // first-time confirm).
 package floor
@@ -8,7 +9,9 @@ import (
 	"errors"
 	"io"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -87,6 +90,56 @@ func (Noop) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 				return nil
 			}
 			return err
+		}
+	}
+}
+
+// Answer is the protocol floor of an answer idemgate gives itself after
+// the request body (a replay): CONTINUE to the request headers, then an
+// ImmediateResponse (200, a fixed JSON body, Idempotent-Replayed: true) to
+// the request body. Two messages, no store call, no upstream call.
+type Answer struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+var _ extprocv3.ExternalProcessorServer = Answer{}
+
+// answerReply is the ImmediateResponse Answer sends, built once.
+var answerReply = &extprocv3.ProcessingResponse{
+	Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+		Status: &typev3.HttpStatus{Code: typev3.StatusCode_OK},
+		Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+			{Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")}},
+			{Header: &corev3.HeaderValue{Key: "idempotent-replayed", RawValue: []byte("true")}},
+		}},
+		Body: []byte(`{"status":"already_completed","retryable":false}`),
+	}},
+}
+
+// Process answers one stream.
+func (Answer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			if streamEnded(err) {
+				return nil
+			}
+			return err
+		}
+		resp := answerReply
+		if _, isBody := req.GetRequest().(*extprocv3.ProcessingRequest_RequestBody); !isBody {
+			if resp, err = continueFor(req); err != nil {
+				return err
+			}
+		}
+		if err := stream.Send(resp); err != nil {
+			if streamEnded(err) {
+				return nil
+			}
+			return err
+		}
+		if resp == answerReply {
+			return nil
 		}
 	}
 }

@@ -1,0 +1,588 @@
+//go:build mesh
+
+// Package envoygateway_test is the Envoy Gateway judge of `make test-mesh`:
+// Envoy Gateway standalone reconciles the shipped k8s/envoy-gateway files
+// (plus the overlay in overlay_test.go), starts the pinned Envoy with what it
+// generated, and real requests go through it to idemgate (tiered store) and
+// the demo payments API.
+package envoygateway_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/idemgate/idemgate/e2e/demoauth"
+	"github.com/idemgate/idemgate/e2e/payments"
+	"github.com/idemgate/idemgate/envoy/envoytest"
+	"github.com/idemgate/idemgate/internal/testutil"
+	"github.com/idemgate/idemgate/k8s/mesh/meshtest"
+)
+
+// The fixed ports of Envoy Gateway standalone (xDS 18000, wasm 18002, admin
+// 19000, metrics 19001): one judge at a time per machine.
+var egFixedPorts = []int{18000, 18002, 19000, 19001}
+
+func TestEnvoyGatewayRunsTheShippedFiles(t *testing.T) {
+	egBin := meshtest.Binary(t, "ENVOY_GATEWAY_BIN", "envoy-gateway")
+	envoyBin := envoytest.RequireEnvoy(t)
+	version, err := envoytest.EnvoyVersion(envoyBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range egFixedPorts {
+		if err := testutil.WaitForTCP(fmt.Sprintf("127.0.0.1:%d", p), 100*time.Millisecond); err == nil {
+			t.Fatalf("port %d is taken: Envoy Gateway standalone needs it (is another judge running?)", p)
+		}
+	}
+	k8s := meshtest.K8sDir(t)
+	_, objs := meshtest.Render(t, filepath.Join(k8s, "envoy-gateway"))
+	jwksDoc, err := os.ReadFile(filepath.Join(k8s, "envoy-gateway", "securitypolicy-local-jwks.example.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var localJWKS meshtest.Object
+	if err := yaml.Unmarshal(jwksDoc, &localJWKS); err != nil {
+		t.Fatal(err)
+	}
+
+	pay := payments.New(payments.Options{})
+	paymentsAddr := serve(t, pay)
+	ig := startIdemgate(t, idemgateConfigOf(t, objs))
+
+	gatewayPort := testutil.FreePort(t)
+	resources := standalone(t, objs, localJWKS, version, overlayAddrs{gatewayPort: gatewayPort, idemgate: ig.grpc, payments: paymentsAddr})
+	home := t.TempDir()
+	resourcesDir := filepath.Join(home, "resources")
+	if err := os.MkdirAll(resourcesDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	resourcesFile := filepath.Join(resourcesDir, "k8s-envoy-gateway.yaml")
+	meshtest.WriteYAML(t, resourcesFile, resources)
+	linkEnvoy(t, home, envoyBin, version)
+	eg := startEnvoyGateway(t, egBin, home, egConfig(resourcesDir, home))
+
+	c := &client{base: fmt.Sprintf("http://127.0.0.1:%d", gatewayPort), http: &http.Client{Timeout: 30 * time.Second}}
+	alice, bob := c.as(t, "alice"), c.as(t, "bob")
+	// The Gateway is up once the guarded route asks for a token.
+	waitFor(t, 4*time.Minute, eg, func() error {
+		r, err := c.post("/v1/transfers/preview", "", transfer("1.00"), nil)
+		if err != nil {
+			return err
+		}
+		if r.status != http.StatusUnauthorized {
+			return fmt.Errorf("preview without a token answered %d, want 401", r.status)
+		}
+		return nil
+	})
+
+	t.Run("preview, confirm, replay and status", func(t *testing.T) {
+		before := pay.Executions()
+		fp := alice.preview(t, transfer("12.50"))
+		confirm := with(transfer("12.50"), "fingerprint", fp)
+		r := alice.must(t, "/v1/transfers/confirm", confirm, http.StatusOK)
+		if r.header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("the first confirm is marked replayed: %s", r)
+		}
+		again := alice.must(t, "/v1/transfers/confirm", confirm, http.StatusOK)
+		if again.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("the second confirm is not a replay: %s", again)
+		}
+		if got := pay.Executions() - before; got != 1 {
+			t.Fatalf("payments executed %d transfers, want 1", got)
+		}
+		st := alice.must(t, "/v1/transfers/status", map[string]any{"fingerprint": fp}, http.StatusOK)
+		if st.field("status") != "completed" {
+			t.Fatalf("status answered %s, want completed", st)
+		}
+	})
+
+	t.Run("a confirm without a fingerprint is refused", func(t *testing.T) {
+		if err := confirmNeedsFingerprint(alice, pay); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("MCP tools/call is guarded", func(t *testing.T) {
+		before := pay.Executions()
+		preview := alice.mcp(t, 1, "transfer_preview", transfer("7.00"))
+		fp, _ := meshtest.Path(preview, "result", "structuredContent", "fingerprint").(string)
+		if fp == "" {
+			t.Fatalf("the MCP preview carries no fingerprint: %v", preview)
+		}
+		bare := alice.mcp(t, 2, "transfer_confirm", transfer("7.00"))
+		if st := meshtest.Path(bare, "result", "structuredContent", "status"); st != "fingerprint_required" {
+			t.Fatalf("an MCP confirm without a fingerprint answered %v, want fingerprint_required", bare)
+		}
+		if pay.Executions() != before {
+			t.Fatal("an MCP confirm without a fingerprint reached payments")
+		}
+		args := with(transfer("7.00"), "fingerprint", fp)
+		first := alice.mcp(t, 3, "transfer_confirm", args)
+		if meshtest.Path(first, "result", "isError") == true {
+			t.Fatalf("the MCP confirm failed: %v", first)
+		}
+		replay := alice.mcp(t, 4, "transfer_confirm", args)
+		if meshtest.Path(replay, "result", "_meta", "io.idemgate/replayed") != true {
+			t.Fatalf("the second MCP confirm is not a replay: %v", replay)
+		}
+		if got := pay.Executions() - before; got != 1 {
+			t.Fatalf("payments executed %d MCP transfers, want 1", got)
+		}
+	})
+
+	t.Run("a spoofed subject header is removed before the JWT sets it", func(t *testing.T) {
+		fp := alice.preview(t, transfer("3.00"))
+		spoof := http.Header{"X-Idemgate-Subject": {"alice"}}
+		r := bob.do(t, "/v1/transfers/confirm", with(transfer("3.00"), "fingerprint", fp), spoof)
+		if r.status != http.StatusForbidden || r.field("status") != "fingerprint_subject_mismatch" {
+			t.Fatalf("bob's confirm of alice's fingerprint, claiming to be alice, answered %s; want 403 fingerprint_subject_mismatch", r)
+		}
+	})
+
+	t.Run("no token or a bad token gets 401", func(t *testing.T) {
+		for name, token := range map[string]string{"none": "", "bad": alice.token[:len(alice.token)-4] + "AAAA", "expired": mint(t, "alice", -10*time.Minute)} {
+			for _, path := range []string{"/v1/transfers/preview", "/v1/transfers/confirm", "/v1/transfers/status", "/mcp"} {
+				r, err := c.post(path, token, transfer("1.00"), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.status != http.StatusUnauthorized {
+					t.Fatalf("%s token on %s answered %s, want 401", name, path, r)
+				}
+			}
+		}
+	})
+
+	t.Run("near-miss spellings and other methods get 404 and reach nothing", func(t *testing.T) {
+		before := pay.Stats()
+		for _, req := range []struct{ method, path string }{
+			{"POST", "/v1/transfers/confirm/"}, {"POST", "/v1/Transfers/Confirm"}, {"POST", "/v1/transfers/confirm;x"},
+			{"POST", "/v1/transfers/confirm.json"}, {"PUT", "/v1/transfers/confirm"}, {"PATCH", "/v1/transfers/preview"},
+			{"POST", "/MCP"}, {"POST", "/mcp/"},
+		} {
+			r := alice.request(t, req.method, req.path, with(transfer("1.00"), "fingerprint", "x"), nil)
+			if r.status != http.StatusNotFound || !strings.Contains(string(r.body), "not found") {
+				t.Fatalf("%s %s answered %s, want the near-miss 404", req.method, req.path, r)
+			}
+		}
+		if after := pay.Stats(); after.Executions != before.Executions {
+			t.Fatalf("a near-miss spelling executed a transfer")
+		}
+	})
+
+	// The judge must be able to fail: without the EnvoyExtensionPolicy (no
+	// ext_proc filter) its core check lets a confirm without a fingerprint
+	// through to payments. Envoy Gateway watches the resources file, so the
+	// policy is taken out and put back while everything runs.
+	t.Run("without the ext_proc filter the judge fails", func(t *testing.T) {
+		meshtest.WriteYAML(t, resourcesFile, without(resources, extensionPolicyKind))
+		waitFor(t, 2*time.Minute, eg, func() error {
+			err := confirmNeedsFingerprint(alice, pay)
+			if err == nil || !strings.Contains(err.Error(), "executed") {
+				return fmt.Errorf("a confirm without a fingerprint is still refused (%v)", err)
+			}
+			t.Logf("the core check fails as it must: %v", err)
+			return nil
+		})
+		meshtest.WriteYAML(t, resourcesFile, resources)
+		waitFor(t, 2*time.Minute, eg, func() error { return confirmNeedsFingerprint(alice, pay) })
+	})
+
+	t.Run("idemgate down: guarded routes fail closed, others still work", func(t *testing.T) {
+		fp := alice.preview(t, transfer("4.00"))
+		before := pay.Executions()
+		ig.kill()
+		r := alice.do(t, "/v1/transfers/confirm", with(transfer("4.00"), "fingerprint", fp), nil)
+		if r.status < 500 {
+			t.Fatalf("a confirm with idemgate down answered %s, want a 5xx", r)
+		}
+		if pay.Executions() != before {
+			t.Fatal("a confirm reached payments with idemgate down")
+		}
+		// jwt_authn's local 401 still opens a (response-only) ext_proc
+		// stream, so with idemgate down a token-less call fails closed too.
+		{
+			noToken, err := c.post("/v1/transfers/confirm", "", transfer("4.00"), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if noToken.status < 400 {
+				t.Fatalf("a token-less confirm with idemgate down answered %s", noToken)
+			}
+			t.Logf("a token-less confirm with idemgate down answers %d", noToken.status)
+		}
+		// The unguarded HTTPRoute opens no ext_proc stream, so it does not care.
+		other := alice.request(t, "GET", "/v1/transfers/by-key/none", nil, nil)
+		if other.status != http.StatusNotFound || strings.Contains(string(other.body), "use the exact operation path") {
+			t.Fatalf("an unguarded path answered %s with idemgate down, want payments' own 404", other)
+		}
+	})
+}
+
+// confirmNeedsFingerprint is the judge's core check: a confirm that carries
+// no fingerprint, only an Idempotency-Key of the agent's choosing, is
+// refused by idemgate and never reaches payments.
+func confirmNeedsFingerprint(a *agent, pay *payments.Server) error {
+	before := pay.Executions()
+	key := http.Header{"Idempotency-Key": {fmt.Sprintf("agent-chosen-%d", time.Now().UnixNano())}}
+	r, err := a.c.post("/v1/transfers/confirm", a.token, transfer("9.99"), key)
+	if err != nil {
+		return err
+	}
+	if n := pay.Executions() - before; n != 0 {
+		return fmt.Errorf("a confirm without a fingerprint executed %d transfer(s) (answer %s)", n, r)
+	}
+	if r.status != http.StatusBadRequest || r.field("status") != "fingerprint_required" {
+		return fmt.Errorf("a confirm without a fingerprint answered %s, want 400 fingerprint_required", r)
+	}
+	return nil
+}
+
+func transfer(amount string) map[string]any {
+	return map[string]any{"amount": amount, "currency": "EUR", "payee": map[string]any{"account_id": "DE89370400440532013000"}}
+}
+
+func with(m map[string]any, k string, v any) map[string]any {
+	out := map[string]any{k: v}
+	for key, val := range m {
+		out[key] = val
+	}
+	return out
+}
+
+func mint(t *testing.T, user string, ttl time.Duration) string {
+	t.Helper()
+	tok, err := demoauth.Mint(user, ttl, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// --- HTTP ---------------------------------------------------------------
+
+type client struct {
+	base string
+	http *http.Client
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r *response) String() string {
+	return fmt.Sprintf("%d %s", r.status, bytes.TrimSpace(r.body))
+}
+
+// field reads a top-level string of a JSON body ("" if none).
+func (r *response) field(name string) string {
+	var m map[string]any
+	_ = json.Unmarshal(r.body, &m)
+	s, _ := m[name].(string)
+	return s
+}
+
+func (c *client) request(method, path, token string, body any, extra http.Header) (*response, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, c.base+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for k, vs := range extra {
+		req.Header[k] = vs
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	return &response{status: resp.StatusCode, header: resp.Header, body: b}, nil
+}
+
+func (c *client) post(path, token string, body any, extra http.Header) (*response, error) {
+	return c.request(http.MethodPost, path, token, body, extra)
+}
+
+type agent struct {
+	c     *client
+	token string
+}
+
+func (c *client) as(t *testing.T, user string) *agent {
+	return &agent{c: c, token: mint(t, user, time.Hour)}
+}
+
+func (a *agent) request(t *testing.T, method, path string, body any, extra http.Header) *response {
+	t.Helper()
+	r, err := a.c.request(method, path, a.token, body, extra)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return r
+}
+
+func (a *agent) do(t *testing.T, path string, body any, extra http.Header) *response {
+	t.Helper()
+	return a.request(t, http.MethodPost, path, body, extra)
+}
+
+func (a *agent) must(t *testing.T, path string, body any, status int) *response {
+	t.Helper()
+	r := a.do(t, path, body, nil)
+	if r.status != status {
+		t.Fatalf("POST %s answered %s, want %d", path, r, status)
+	}
+	return r
+}
+
+func (a *agent) preview(t *testing.T, body map[string]any) string {
+	t.Helper()
+	r := a.must(t, "/v1/transfers/preview", body, http.StatusOK)
+	fp := r.field("fingerprint")
+	if fp == "" || r.header.Get("Idempotency-Fingerprint") != fp {
+		t.Fatalf("the preview carries no fingerprint: %s", r)
+	}
+	return fp
+}
+
+// mcp sends one tools/call (protocol 2025-11-25: no Mcp-Method headers, so
+// idemgate reads the method and tool from the body) and decodes the answer.
+func (a *agent) mcp(t *testing.T, id int, tool string, args map[string]any) map[string]any {
+	t.Helper()
+	body := map[string]any{"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": map[string]any{"name": tool, "arguments": args}}
+	h := http.Header{"Accept": {"application/json, text/event-stream"}, "Mcp-Protocol-Version": {"2025-11-25"}}
+	r := a.do(t, "/mcp", body, h)
+	if r.status != http.StatusOK {
+		t.Fatalf("tools/call %s answered %s", tool, r)
+	}
+	var out map[string]any
+	if err := json.Unmarshal(r.body, &out); err != nil {
+		t.Fatalf("tools/call %s: the answer is not JSON: %s", tool, r)
+	}
+	return out
+}
+
+// --- processes ----------------------------------------------------------
+
+// serve runs h on a loopback port until the test ends.
+func serve(t *testing.T, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return ln.Addr().String()
+}
+
+// logged is a child process whose output is kept and printed only when
+// the test fails.
+type logged struct {
+	name string
+	cmd  *exec.Cmd
+	out  testutil.SyncBuffer
+	once sync.Once
+	done chan struct{}
+}
+
+func start(t *testing.T, name string, cmd *exec.Cmd) *logged {
+	t.Helper()
+	p := &logged{name: name, cmd: cmd, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = &p.out, &p.out
+	// Its own process group, so a stop reaches Envoy Gateway's Envoy too;
+	// Pdeathsig: a test binary that dies takes it along.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			t.Logf("--- %s output ---\n%s", name, p.out.String())
+		}
+	})
+	return p
+}
+
+// stop ends the process group: SIGTERM, then SIGKILL after 10s.
+func (p *logged) stop() {
+	p.once.Do(func() {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
+		}
+	})
+}
+
+func (p *logged) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func startEnvoyGateway(t *testing.T, bin, home string, config []byte) *logged {
+	t.Helper()
+	path := filepath.Join(home, "envoy-gateway.yaml")
+	if err := os.WriteFile(path, config, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The xDS server's and Envoy's certificates, under configHome (the
+	// standalone quickstart's `certgen --local`).
+	if msg, err := exec.Command(bin, "certgen", "--local", "--config-home", filepath.Join(home, "config")).CombinedOutput(); err != nil {
+		t.Fatalf("envoy-gateway certgen --local: %v\n%s", err, msg)
+	}
+	return start(t, "envoy-gateway", exec.Command(bin, "server", "--config-path", path))
+}
+
+// waitFor polls check until it returns nil, failing the test at timeout or
+// when p exits.
+func waitFor(t *testing.T, timeout time.Duration, p *logged, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if p.exited() {
+			t.Fatalf("%s exited: %v", p.name, err)
+		}
+		if strings.Contains(p.out.String(), "failed to run envoy") {
+			t.Fatalf("%s could not start Envoy: %v", p.name, err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+type idemgate struct {
+	*logged
+	grpc string
+}
+
+func (g *idemgate) kill() { g.stop() }
+
+// idemgateConfigOf takes the idemgate.yaml shipped in the rendered
+// ConfigMap and changes only where things are on this machine: listeners on
+// free loopback ports, the signing key in a file, the test's own Redis and
+// database (tiered store), text logs.
+func idemgateConfigOf(t *testing.T, objs []meshtest.Object) map[string]any {
+	t.Helper()
+	for _, o := range objs {
+		if meshtest.Kind(o) != "ConfigMap" || !strings.HasPrefix(meshtest.Name(o), "idemgate-config") {
+			continue
+		}
+		raw, _ := meshtest.Path(o, "data", "idemgate.yaml").(string)
+		var cfg map[string]any
+		if err := yaml.Unmarshal([]byte(raw), &cfg); err != nil {
+			t.Fatalf("the rendered idemgate.yaml: %v", err)
+		}
+		return cfg
+	}
+	t.Fatal("no idemgate-config ConfigMap in the rendered k8s/envoy-gateway")
+	return nil
+}
+
+func startIdemgate(t *testing.T, cfg map[string]any) *idemgate {
+	t.Helper()
+	dir := t.TempDir()
+	redis := testutil.StartRedis(t)
+	dsn := testutil.CreateDatabase(t)
+	grpc := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	admin := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	key := make([]byte, 32)
+	for i := range key {
+		key[i] = byte(i*7 + 1)
+	}
+	keyFile := filepath.Join(dir, "k1")
+	if err := os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString(key)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg["grpc_listen"], cfg["admin_listen"] = grpc, admin
+	cfg["log"] = map[string]any{"level": "info", "format": "text"}
+	cfg["drain"] = map[string]any{"period": "0s", "timeout": "5s"}
+	meshtest.SetPath(cfg, map[string]any{"k1": map[string]any{"file": keyFile}}, "signing", "keys")
+	r, _ := meshtest.Path(cfg, "store", "redis").(map[string]any)
+	if r == nil || meshtest.Path(cfg, "store", "postgres") == nil {
+		t.Fatal("the shipped idemgate.yaml should configure Redis and PostgreSQL (the tiered store)")
+	}
+	r["addrs"] = []any{redis.Addr}
+	delete(r, "password_env") // the test's Redis has no password
+	// Generous for a loaded 2-core machine; the shipped 50ms/250ms are for production.
+	r["timeout"] = "500ms"
+	meshtest.SetPath(cfg, "2s", "store", "timeout")
+	out, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "idemgate.yaml")
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "idemgate")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if msg, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/idemgate/idemgate/cmd/idemgate").CombinedOutput(); err != nil {
+		t.Fatalf("go build cmd/idemgate: %v\n%s", err, msg)
+	}
+	cmd := exec.Command(bin, "serve", "--config", path)
+	postgresEnv, _ := meshtest.Path(cfg, "store", "postgres", "dsn_env").(string)
+	cmd.Env = append(os.Environ(), postgresEnv+"="+dsn)
+	g := &idemgate{logged: start(t, "idemgate", cmd), grpc: grpc}
+	waitFor(t, time.Minute, g.logged, func() error {
+		resp, err := http.Get("http://" + admin + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz answered %d", resp.StatusCode)
+		}
+		return nil
+	})
+	return g
+}

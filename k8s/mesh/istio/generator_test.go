@@ -1,0 +1,499 @@
+// Package istio is the Istio judge of `make test-mesh`: Istio's own config
+// generator (pilot's ConfigGenTest, as pilot's sidecar simulation tests use
+// it) builds the payments pod's sidecar from the shipped k8s/istio files, and
+// the test reads what Envoy would receive. It is a separate Go module so that
+// the product's go.mod does not carry istio.io/istio.
+package istio
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extproc "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"sigs.k8s.io/yaml"
+
+	"istio.io/istio/pilot/pkg/features"
+	"istio.io/istio/pilot/pkg/model"
+	"istio.io/istio/pilot/pkg/networking/core"
+	"istio.io/istio/pilot/pkg/simulation"
+	"istio.io/istio/pilot/test/xdstest"
+	"istio.io/istio/pkg/jwt"
+	"istio.io/istio/pkg/test"
+)
+
+// podIP is the payments-api pod's address in the simulation.
+const (
+	extProcName = "idemgate.ext_proc"
+	routerName  = "envoy.filters.http.router"
+	podIP       = "10.0.0.7"
+)
+
+type object = map[string]any
+
+func TestIstioGeneratesTheShippedSidecar(t *testing.T) {
+	objs := render(t, filepath.Join(k8sDir(t), "istio"))
+	paths := operationPaths(t, objs)
+	sim := generate(t, objs)
+	if err := checkSidecar(sim, paths); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Istio's generator put %s before the router and routed %v through it", extProcName, paths)
+}
+
+// The judge fails on the mistakes it exists to catch.
+func TestIstioJudgeFails(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mutate func(t *testing.T, ef object)
+		want   string
+	}{
+		{"without the ext_proc filter", func(t *testing.T, ef object) {
+			dropPatch(t, ef, func(p object) bool {
+				return strings.Contains(fmt.Sprint(p), extProcName) && get(p, "applyTo") == "HTTP_FILTER"
+			})
+		}, "no " + extProcName},
+		{"without the /mcp routes (the hole the shipped files had)", func(t *testing.T, ef object) {
+			dropPatch(t, ef, func(p object) bool {
+				name := get(p, "patch", "value", "name")
+				return name == "mcp" || name == "mcp_near_miss"
+			})
+		}, "/mcp"},
+		{"with the virtual host named after the container port", func(t *testing.T, ef object) {
+			for _, p := range list(get(ef, "spec", "configPatches")) {
+				if vh, ok := get(p, "match", "routeConfiguration", "vhost").(object); ok {
+					vh["name"] = "inbound|http|8080"
+				}
+			}
+		}, "near miss /v1/transfers/confirm/"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, filepath.Join(k8sDir(t), "istio"))
+			for _, o := range objs {
+				if get(o, "kind") == "EnvoyFilter" {
+					tc.mutate(t, o)
+				}
+			}
+			err := checkSidecar(generate(t, objs), operationPaths(t, objs))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want an error mentioning %q, got %v", tc.want, err)
+			}
+		})
+	}
+}
+
+// generate runs Istio's generator for one payments-api pod: the rendered
+// EnvoyFilter, RequestAuthentication and AuthorizationPolicy as they are,
+// and the rendered Service as the ServiceEntry that pilot would derive from
+// it (same port, target port and protocol; the pod's labels and an IP).
+func generate(t *testing.T, objs []object) *simulation.Simulation {
+	t.Helper()
+	var cfg bytes.Buffer
+	var podLabels map[string]string
+	for _, o := range objs {
+		switch get(o, "kind") {
+		case "EnvoyFilter", "RequestAuthentication", "AuthorizationPolicy":
+			b, err := yaml.Marshal(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.WriteString("---\n")
+			cfg.Write(b)
+		case "Deployment":
+			podLabels = stringMap(get(o, "spec", "template", "metadata", "labels"))
+		}
+	}
+	svc := serviceEntry(t, objs, podLabels)
+	cfg.WriteString("---\n")
+	cfg.Write(svc)
+	// Envoy fetches the JWKS (PILOT_JWT_ENABLE_REMOTE_JWKS=envoy): the
+	// generator then needs neither the network nor istiod's key resolver,
+	// and the jwt_authn filter it builds is the same but for the key source.
+	test.SetForTest(t, &features.JwksFetchMode, jwt.Envoy)
+	s := core.NewConfigGenTest(t, core.TestOptions{ConfigString: cfg.String()})
+	proxy := s.SetupProxy(&model.Proxy{
+		Labels:      podLabels,
+		IPAddresses: []string{podIP},
+		Metadata:    &model.NodeMetadata{Labels: podLabels, IstioVersion: "1.30.0"},
+	})
+	return simulation.NewSimulationFromConfigGen(t, s, proxy)
+}
+
+// serviceEntry is the Service of the rendered manifests as a ServiceEntry
+// with the pod as its endpoint.
+func serviceEntry(t *testing.T, objs []object, podLabels map[string]string) []byte {
+	t.Helper()
+	var svc, deploy object
+	for _, o := range objs {
+		switch get(o, "kind") {
+		case "Service":
+			svc = o
+		case "Deployment":
+			deploy = o
+		}
+	}
+	if svc == nil || deploy == nil {
+		t.Fatal("the rendered k8s/istio should have one Service and one Deployment")
+	}
+	ports := list(get(svc, "spec", "ports"))
+	if len(ports) != 1 {
+		t.Fatalf("the Service should have one port, has %d", len(ports))
+	}
+	port := ports[0]
+	target := containerPort(t, deploy, fmt.Sprint(get(port, "targetPort")))
+	name := fmt.Sprint(get(svc, "metadata", "name"))
+	return fmt.Appendf(nil, `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: %s, namespace: default}
+spec:
+  hosts: [%s.default.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports:
+  - {name: %v, number: %v, protocol: HTTP, targetPort: %d}
+  workloadSelector: {labels: %s}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: payments-api-pod, namespace: default}
+spec:
+  address: %s
+  labels: %s
+`, name, name, get(port, "name"), get(port, "port"), target, jsonOf(t, podLabels), podIP, jsonOf(t, podLabels))
+}
+
+// checkSidecar is what the judge asserts on the generated sidecar:
+//   - the inbound HTTP chain for the app's port runs the subject strip first,
+//     ext_proc after Istio's authentication (jwt_authn, rbac) and right
+//     before the router, failing closed;
+//   - every operation path of idemgate.yaml routes with ext_proc on, to the
+//     app; no other route has ext_proc on; every near-miss spelling of an
+//     operation path gets the 404, and other paths reach the app with
+//     ext_proc off (Istio's simulation does the route matching);
+//   - the idemgate cluster exists.
+func checkSidecar(sim *simulation.Simulation, paths []string) error {
+	var errs []error
+	chain, err := inboundHTTPChain(sim)
+	if err != nil {
+		return err
+	}
+	var names []string
+	var ep *extproc.ExternalProcessor
+	for _, f := range chain.GetHttpFilters() {
+		names = append(names, f.GetName())
+		if f.GetName() == extProcName {
+			ep = &extproc.ExternalProcessor{}
+			if err := f.GetTypedConfig().UnmarshalTo(ep); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	at := slices.Index(names, extProcName)
+	switch {
+	case at < 0:
+		return fmt.Errorf("no %s on the inbound HTTP chain: %v", extProcName, names)
+	case at != len(names)-2 || names[len(names)-1] != routerName:
+		errs = append(errs, fmt.Errorf("%s is not right before the router: %v", extProcName, names))
+	}
+	if names[0] != "idemgate.strip_subject" {
+		errs = append(errs, fmt.Errorf("the subject strip is not the first filter: %v", names))
+	}
+	for _, authn := range []string{"envoy.filters.http.jwt_authn", "envoy.filters.http.rbac"} {
+		if i := slices.Index(names, authn); i < 0 || i > at {
+			errs = append(errs, fmt.Errorf("%s does not run before %s: %v", authn, extProcName, names))
+		}
+	}
+	if ep != nil && (ep.GetFailureModeAllow() || ep.GetGrpcService().GetEnvoyGrpc().GetClusterName() != "idemgate") {
+		errs = append(errs, fmt.Errorf("%s does not fail closed to cluster idemgate: %v", extProcName, ep))
+	}
+	if xdstest.ExtractCluster("idemgate", sim.Clusters) == nil {
+		errs = append(errs, errors.New("no idemgate cluster"))
+	}
+
+	// Every route of the inbound virtual hosts: ext_proc on only on an exact
+	// operation path (idemgate passes any other path through unexamined,
+	// and fails it closed when idemgate is down).
+	for _, vh := range chain.GetRouteConfig().GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			if !extProcDisabled(r) && r.GetDirectResponse() == nil && !slices.Contains(paths, r.GetMatch().GetPath()) {
+				errs = append(errs, fmt.Errorf("route %s of %s runs ext_proc but is no operation path", r.GetName(), vh.GetName()))
+			}
+		}
+	}
+	for _, p := range paths {
+		r, err := routeFor(sim, p)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if extProcDisabled(r) || r.GetRoute().GetCluster() == "" {
+			errs = append(errs, fmt.Errorf("operation path %s: route %s has ext_proc off or no upstream", p, r.GetName()))
+		}
+		for _, miss := range []string{p + "/", strings.ToUpper(p), p + ";x", p + ".json"} {
+			r, err := routeFor(sim, miss)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if r.GetDirectResponse().GetStatus() != 404 || !extProcDisabled(r) {
+				errs = append(errs, fmt.Errorf("near miss %s: route %s, want a 404 with ext_proc off", miss, r.GetName()))
+			}
+		}
+	}
+	// A surface another shipped config guards (envoy/idemgate.yaml's MCP
+	// endpoint, say) must not reach the app unguarded here either.
+	for _, p := range shippedSurfaces() {
+		if slices.Contains(paths, p) {
+			continue
+		}
+		if r, err := routeFor(sim, p); err == nil && r.GetDirectResponse() == nil {
+			errs = append(errs, fmt.Errorf("%s, guarded by envoy/idemgate.yaml, reaches the app through route %s", p, r.GetName()))
+		}
+	}
+	for _, other := range []string{"/", "/healthz", "/v1/transfers/by-key/x", "/v1/other"} {
+		r, err := routeFor(sim, other)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !extProcDisabled(r) || r.GetRoute().GetCluster() == "" {
+			errs = append(errs, fmt.Errorf("unguarded path %s: route %s should reach the app with ext_proc off", other, r.GetName()))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// inboundHTTPChain is the HTTP connection manager Istio built for inbound
+// HTTP to the app's port on the virtual inbound listener.
+func inboundHTTPChain(sim *simulation.Simulation) (*hcm.HttpConnectionManager, error) {
+	l := xdstest.ExtractListener("virtualInbound", sim.Listeners)
+	if l == nil {
+		return nil, errors.New("no virtualInbound listener")
+	}
+	for _, fc := range l.GetFilterChains() {
+		if fc.GetFilterChainMatch().GetDestinationPort().GetValue() != 8080 || !slices.Contains(fc.GetFilterChainMatch().GetApplicationProtocols(), "http/1.1") &&
+			fc.GetFilterChainMatch().GetTransportProtocol() != "raw_buffer" {
+			continue
+		}
+		if h := hcmOf(fc); h != nil {
+			return h, nil
+		}
+	}
+	return nil, errors.New("no inbound HTTP filter chain for port 8080")
+}
+
+func hcmOf(fc *listener.FilterChain) *hcm.HttpConnectionManager {
+	for _, f := range fc.GetFilters() {
+		h := &hcm.HttpConnectionManager{}
+		if f.GetTypedConfig().UnmarshalTo(h) == nil {
+			return h
+		}
+	}
+	return nil
+}
+
+// routeFor runs an inbound HTTP call through the simulation (Istio's own
+// listener, filter chain, virtual host and route matching) and returns the
+// route it took.
+func routeFor(sim *simulation.Simulation, path string) (*route.Route, error) {
+	res := sim.Run(simulation.Call{Address: podIP, Port: 8080, Path: path, Protocol: simulation.HTTP, CallMode: simulation.CallModeInbound})
+	if res.Error != nil {
+		return nil, fmt.Errorf("%s: %w", path, res.Error)
+	}
+	// Inbound routes are inline in the connection manager, not from RDS.
+	rcs := sim.Routes
+	if chain, err := inboundHTTPChain(sim); err == nil && chain.GetRouteConfig() != nil {
+		rcs = append(rcs, chain.GetRouteConfig())
+	}
+	for _, rc := range rcs {
+		if res.RouteConfigMatched != "" && rc.GetName() != res.RouteConfigMatched {
+			continue
+		}
+		for _, vh := range rc.GetVirtualHosts() {
+			if vh.GetName() != res.VirtualHostMatched {
+				continue
+			}
+			for _, r := range vh.GetRoutes() {
+				if r.GetName() == res.RouteMatched {
+					return r, nil
+				}
+			}
+		}
+	}
+	return nil, fmt.Errorf("%s: matched route %q of %q/%q not found", path, res.RouteMatched, res.RouteConfigMatched, res.VirtualHostMatched)
+}
+
+func extProcDisabled(r *route.Route) bool {
+	a, ok := r.GetTypedPerFilterConfig()[extProcName]
+	if !ok {
+		return false
+	}
+	per := &extproc.ExtProcPerRoute{}
+	return a.UnmarshalTo(per) == nil && per.GetDisabled()
+}
+
+// --- the shipped files --------------------------------------------------
+
+func k8sDir(t *testing.T) string {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("cannot locate the test's source")
+	}
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// render runs `kustomize build` (KUSTOMIZE_BIN) on dir.
+func render(t *testing.T, dir string) []object {
+	t.Helper()
+	bin := os.Getenv("KUSTOMIZE_BIN")
+	if bin == "" {
+		t.Fatal("KUSTOMIZE_BIN is unset: run the judges with `make test-mesh`, which builds kustomize")
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(bin, "build", dir)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v\n%s", dir, err, stderr.String())
+	}
+	var objs []object
+	for _, doc := range strings.Split(string(out), "\n---\n") {
+		var o object
+		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+			t.Fatal(err)
+		}
+		if o != nil {
+			objs = append(objs, o)
+		}
+	}
+	return objs
+}
+
+// operationPaths reads the paths idemgate guards from the idemgate.yaml in
+// the rendered ConfigMap: every preview, confirm and status path and every
+// MCP endpoint.
+func operationPaths(t *testing.T, objs []object) []string {
+	t.Helper()
+	for _, o := range objs {
+		if get(o, "kind") != "ConfigMap" || !strings.HasPrefix(fmt.Sprint(get(o, "metadata", "name")), "idemgate-config") {
+			continue
+		}
+		paths := pathsOf([]byte(fmt.Sprint(get(o, "data", "idemgate.yaml"))))
+		if len(paths) == 0 {
+			t.Fatal("the rendered idemgate.yaml has no operations")
+		}
+		return paths
+	}
+	t.Fatal("no idemgate-config ConfigMap in the rendered k8s/istio")
+	return nil
+}
+
+// shippedSurfaces are the operation paths of envoy/idemgate.yaml, the
+// reference config (its MCP endpoint included).
+func shippedSurfaces() []string {
+	_, file, _, _ := runtime.Caller(0)
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "..", "envoy", "idemgate.yaml"))
+	if err != nil {
+		return []string{"(envoy/idemgate.yaml unreadable: " + err.Error() + ")"}
+	}
+	return pathsOf(b)
+}
+
+// pathsOf reads every preview, confirm and status path and every MCP
+// endpoint of an idemgate.yaml.
+func pathsOf(b []byte) []string {
+	var cfg struct {
+		Operations []struct {
+			Preview, Confirm, Status struct{ Path string }
+			MCP                      *struct{ Endpoint string }
+		}
+	}
+	if err := yaml.Unmarshal(b, &cfg); err != nil {
+		return nil
+	}
+	var paths []string
+	for _, op := range cfg.Operations {
+		for _, p := range []string{op.Preview.Path, op.Confirm.Path, op.Status.Path} {
+			if p != "" {
+				paths = append(paths, p)
+			}
+		}
+		if op.MCP != nil && !slices.Contains(paths, op.MCP.Endpoint) {
+			paths = append(paths, op.MCP.Endpoint)
+		}
+	}
+	return paths
+}
+
+func containerPort(t *testing.T, deploy object, name string) int {
+	t.Helper()
+	for _, c := range list(get(deploy, "spec", "template", "spec", "containers")) {
+		for _, p := range list(get(c, "ports")) {
+			if fmt.Sprint(get(p, "name")) == name || fmt.Sprint(get(p, "containerPort")) == name {
+				var n int
+				_, _ = fmt.Sscan(fmt.Sprint(get(p, "containerPort")), &n)
+				return n
+			}
+		}
+	}
+	t.Fatalf("no container port %s in the Deployment", name)
+	return 0
+}
+
+func dropPatch(t *testing.T, ef object, drop func(object) bool) {
+	t.Helper()
+	patches := list(get(ef, "spec", "configPatches"))
+	var kept []any
+	for _, p := range patches {
+		if !drop(p.(object)) {
+			kept = append(kept, p)
+		}
+	}
+	if len(kept) == len(patches) {
+		t.Fatal("no patch dropped")
+	}
+	ef["spec"].(object)["configPatches"] = kept
+}
+
+func get(o any, keys ...string) any {
+	for _, k := range keys {
+		m, ok := o.(object)
+		if !ok {
+			return nil
+		}
+		o = m[k]
+	}
+	return o
+}
+
+func list(v any) []any { l, _ := v.([]any); return l }
+
+func stringMap(v any) map[string]string {
+	out := map[string]string{}
+	for k, v := range v.(object) {
+		out[k] = fmt.Sprint(v)
+	}
+	return out
+}
+
+func jsonOf(t *testing.T, v any) string {
+	b, err := yaml.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(js)
+}
