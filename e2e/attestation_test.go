@@ -454,7 +454,7 @@ func TestPythonAndNodeVerifiersThroughEnvoy(t *testing.T) {
 			requireExecuted(t, confirm(t, alice, pv.ConfirmBody()))
 
 			body := pvBody(t, preview(t, alice, transfer("13.00", "acct_bob", "rent")))
-			r, err := alice.Send(http.MethodPost, "/v1/transfers/confirm/", body)
+			r, err := alice.Send(http.MethodPost, "/v1/transfers/confirm/", body, stack.WithLength)
 			require.NoError(t, err)
 			require.Equal(t, http.StatusForbidden, r.StatusCode, "around idemgate through Envoy: %s", r)
 			require.Contains(t, string(r.Body), "attestation_missing")
