@@ -56,6 +56,10 @@ chaos: services envoy ## Seeded chaos run through real Envoy and 3 idemgate repl
 	ENVOY_BIN=$(ENVOY) $(TEST_ENV) $(GO) test -count=1 -v -run '^TestChaos$$' -timeout 3h ./e2e/chaos/ \
 		-args -chaos.seed=$(SEED) -chaos.duration=$(DURATION)
 
+.PHONY: test-mesh
+test-mesh: services envoy ## The control planes judge k8s/: Envoy Gateway standalone, Istio's generator + istioctl analyze, kubectl-validate (tools built once into .mesh/).
+	ENVOY_BIN=$(ENVOY) k8s/mesh/run.sh
+
 .PHONY: test-race
 test-race: test ## Same as test: the suite always runs with -race.
 

@@ -179,11 +179,11 @@ func TestOrphanedClaimIsAbandonedInTheBackground(t *testing.T) {
 	res := do(t, d, post("/v1/transfers/confirm", "alice", transferBody(`7`, "EUR", "DE89", fp)), neverCalled(t))
 	requireEnvelope(t, res, 503, "temporarily_unavailable", true)
 	require.Eventually(t, func() bool {
-		_, found := e.record(t, nonce)
+		_, found := e.recordNow(nonce)
 		return !found
 	}, 5*time.Second, 5*time.Millisecond)
 	require.Eventually(t, func() bool {
-		return metricValue(t, e.metrics.backgroundAbandons.WithLabelValues("transfer", abandonResultAbandoned)) == 1
+		return metricNow(e.metrics.backgroundAbandons.WithLabelValues("transfer", abandonResultAbandoned)) == 1
 	}, 5*time.Second, 5*time.Millisecond)
 }
 
@@ -232,7 +232,7 @@ func TestFailedAcquireThatWroteNothing(t *testing.T) {
 	res = do(t, d, post("/v1/transfers/confirm", "alice", body), p.handle)
 	require.Equal(t, 201, res.status)
 	require.Eventually(t, func() bool {
-		return metricValue(t, e.metrics.backgroundAbandons.WithLabelValues("transfer", abandonResultNothing)) == 1
+		return metricNow(e.metrics.backgroundAbandons.WithLabelValues("transfer", abandonResultNothing)) == 1
 	}, 5*time.Second, 10*time.Millisecond)
 	rec, _ := e.record(t, e.claimsOf(t, fp, "alice", "payments.transfer").Nonce)
 	require.Equal(t, state.Done, rec.State, "the retry's record is left alone")

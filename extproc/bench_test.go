@@ -1,7 +1,10 @@
 package extproc
 
 import (
+	"strings"
 	"testing"
+
+	"github.com/idemgate/idemgate/state/memory"
 )
 
 // Benchmarks of one whole HTTP exchange through Process over the in-process
@@ -50,5 +53,31 @@ func BenchmarkMCPPreview(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		do(b, d, req, up.handle)
+	}
+}
+
+// BenchmarkMCPUnguarded is a 2026-07-28 tools/call of a tool no operation
+// guards, read from its body (the default) and decided from its headers
+// (mcp.trust_upstream_headers).
+func BenchmarkMCPUnguarded(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		cfg  string
+	}{
+		{"body", mcpConfigYAML},
+		{"trusted-headers", strings.ReplaceAll(mcpConfigYAML, "mcp: {endpoint: /mcp,", "mcp: {trust_upstream_headers: true, endpoint: /mcp,")},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			e := newEnv(b, nil, nil)
+			e.cfg = testConfig(b, bc.cfg)
+			e.useStore(b, memory.New(memory.Options{Now: e.clock.Now}))
+			d := fakeDialer{srv: e.srv, shareReplies: true}
+			up := newMCPServer(false)
+			req := mcpPost("alice", rpc(`1`, "tools/call", callParams("weather", `{"city":"Berlin"}`)), modern("tools/call", "weather")...)
+			b.ReportAllocs()
+			for b.Loop() {
+				do(b, d, req, up.handle)
+			}
+		})
 	}
 }

@@ -68,10 +68,13 @@ type mcpExchange struct {
 	hasLength bool
 }
 
-// mcpRequestHeaders starts a stream to an MCP endpoint. Under 2026-07-28 the
-// mirrored headers decide at once: only tools/list and guarded tools/call
-// are buffered, everything else is let through with every later phase off.
-// Older clients send no such headers, so the body decides.
+// mcpRequestHeaders starts a stream to an MCP endpoint. The body decides what
+// a request is, and a body that disagrees with the 2026-07-28 mirrored
+// headers is refused here (mcpRequestBody), whatever the upstream checks.
+// Only on an endpoint whose operations trust the upstream to check them
+// (mcp.trust_upstream_headers) do the headers decide at once: tools/list
+// and guarded tools/call are buffered, everything else is let through with
+// every later phase off.
 func (ex *exchange) mcpRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders, ep *config.MCPEndpoint) (*extprocv3.ProcessingResponse, bool) {
 	hm := h.GetHeaders()
 	m := &mcpExchange{ep: ep}
@@ -88,7 +91,7 @@ func (ex *exchange) mcpRequestHeaders(req *extprocv3.ProcessingRequest, h *extpr
 	if h.GetEndOfStream() {
 		return ex.mcpPassThrough()
 	}
-	if m.version >= mcpHeaderVersion && m.hasHeaderMethod {
+	if ep.TrustUpstreamHeaders && m.version >= mcpHeaderVersion && m.hasHeaderMethod {
 		switch m.headerMethod {
 		case "tools/list":
 		case "tools/call":

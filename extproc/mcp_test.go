@@ -433,7 +433,7 @@ func runMCPSuite(t *testing.T, e *env, d dialer, sse bool) {
 			t.Run(name, func(t *testing.T) {
 				fp, nonce, up := outcome(t, "transfer", c.member, c.whole)
 				require.Eventually(t, func() bool {
-					rec, found := e.record(t, nonce)
+					rec, found := e.recordNow(nonce)
 					return found && rec.State == state.InFlight && rec.LeaseExpired
 				}, 5*time.Second, 10*time.Millisecond, "released at once, not left for the lease")
 				res := confirmAgain(t, "transfer", fp, up)
@@ -473,12 +473,26 @@ func TestMCPTrafficSelection(t *testing.T) {
 	up := newMCPServer(false)
 	const alice = "user-alice"
 
-	t.Run("2026-07-28 headers: other traffic is not buffered", func(t *testing.T) {
-		for _, hs := range [][]header{modern("tools/call", "weather"), modern("resources/read", "file:///x"), modern("server/discover", "")} {
-			res := do(t, d, mcpPost(alice, rpc(`1`, "tools/call", callParams("weather", `{}`)), hs...), up.handle)
+	t.Run("2026-07-28 headers: the body decides, other traffic passes after it", func(t *testing.T) {
+		for _, c := range []struct {
+			hs   []header
+			body []byte
+		}{
+			{modern("tools/call", "weather"), rpc(`1`, "tools/call", callParams("weather", `{}`))},
+			{modern("resources/read", "file:///x"), rpc(`1`, "resources/read", `{"uri":"file:///x"}`)},
+			{modern("server/discover", ""), rpc(`1`, "server/discover", `{}`)},
+		} {
+			res := do(t, d, mcpPost(alice, c.body, c.hs...), up.handle)
 			require.True(t, res.upstreamCalled)
-			require.Equal(t, 1, res.replies, "one reply at request headers, every later phase off")
+			require.Equal(t, 3, res.replies, "request headers, request body, response headers with body processing off")
 		}
+	})
+	t.Run("headers naming an unguarded tool over a body calling the confirm tool are refused", func(t *testing.T) {
+		// An upstream that ignores the mirrored headers would run the body.
+		res := do(t, d, mcpPost(alice, rpc(`1`, "tools/call", callParams("transfer_confirm", transferArgs(`1`, ""))), modern("tools/call", "weather")...), neverCalled(t))
+		protocolError(t, res, 400, -32020)
+		res = do(t, d, mcpPost(alice, rpc(`1`, "tools/call", callParams("transfer_confirm", transferArgs(`1`, ""))), modern("resources/read", "file:///x")...), neverCalled(t))
+		protocolError(t, res, 400, -32020)
 	})
 	t.Run("headers that disagree with the body are refused with -32020", func(t *testing.T) {
 		res := do(t, d, mcpPost(alice, rpc(`1`, "tools/call", callParams("transfer_confirm", `{}`)), modern("tools/call", "transfer_preview")...), neverCalled(t))
@@ -542,4 +556,55 @@ func TestMCPChinese(t *testing.T) {
 	r := toolResult(t, res, `2`, "params_changed", true)
 	require.Contains(t, r["content"].([]any)[0].(map[string]any)["text"], "transfer_preview")
 	require.Regexp(t, `\p{Han}`, r["structuredContent"].(map[string]any)["meaning"])
+}
+
+// TestMCPTrustedHeadersFastPath: with mcp.trust_upstream_headers on every
+// operation of the endpoint, the 2026-07-28 headers decide at once and other
+// traffic is not buffered (one message). That trusts the upstream to refuse
+// a body that disagrees with them: one that ignores them would run a confirm
+// idemgate never saw (shown here), which is why the default reads the body.
+func TestMCPTrustedHeadersFastPath(t *testing.T) {
+	trusted := strings.ReplaceAll(mcpConfigYAML, "mcp: {endpoint: /mcp,", "mcp: {trust_upstream_headers: true, endpoint: /mcp,")
+	e := newEnv(t, nil, nil)
+	e.cfg = testConfig(t, trusted)
+	e.useStore(t, memory.New(memory.Options{Now: e.clock.Now}))
+	d := fakeDialer{srv: e.srv}
+	up := newMCPServer(false)
+	for _, hs := range [][]header{modern("tools/call", "weather"), modern("resources/read", "file:///x"), modern("server/discover", "")} {
+		res := do(t, d, mcpPost("user-alice", rpc(`1`, "tools/call", callParams("weather", `{}`)), hs...), up.handle)
+		require.True(t, res.upstreamCalled)
+		require.Equal(t, 1, res.replies, "one reply at request headers, every later phase off")
+	}
+	called := false
+	res := do(t, d, mcpPost("user-alice", rpc(`1`, "tools/call", callParams("transfer_confirm", transferArgs(`1`, ""))), modern("tools/call", "weather")...),
+		func(map[string]string, []byte) upstreamReply {
+			called = true
+			return upstreamReply{status: 200}
+		})
+	require.True(t, called, "trusted: the mismatch is the upstream's to refuse")
+	require.Nil(t, res.immediate)
+}
+
+// TestMCPResponseIsPickedByID: an event stream may carry a response to
+// another request before the one to this request; idemgate edits only the
+// message whose id is this request's (the fingerprint goes to the preview
+// that asked for it, never to a stranger's result).
+func TestMCPResponseIsPickedByID(t *testing.T) {
+	e := newMCPEnv(t, "")
+	d := fakeDialer{srv: e.srv}
+	quote := func(id string) string {
+		return `{"jsonrpc":"2.0","id":` + id + `,"result":{"content":[{"type":"text","text":"quote"}],"structuredContent":{"quote":{"fee":"0.50"}}}}`
+	}
+	stranger, ours := quote(`2`), quote(`"1"`)
+	stream := "event: message\ndata: " + stranger + "\n\nevent: message\ndata: " + ours + "\n\n"
+	res := do(t, d, mcpPost("user-alice", rpc(`"1"`, "tools/call", callParams("transfer_preview", transferArgs(`"5"`, ""))), modern("tools/call", "transfer_preview")...),
+		func(map[string]string, []byte) upstreamReply {
+			return upstreamReply{status: 200, headers: []header{{"content-type", "text/event-stream"}}, body: []byte(stream)}
+		})
+	require.Nil(t, res.immediate)
+	events := parseSSE(res.body)
+	require.Len(t, events, 2)
+	require.Equal(t, stranger, string(events[0].data), "the other request's response passes untouched")
+	require.Contains(t, string(events[1].data), `"fingerprint"`, "this request's response gets the fingerprint")
+	require.Contains(t, string(events[1].data), `"id":"1"`)
 }

@@ -49,7 +49,7 @@ func TestAmbiguousClientErrorsAreNotFailures(t *testing.T) {
 				res = do(t, d, post("/v1/transfers/confirm", alice, body), upstream)
 				require.Equal(t, 201, res.status)
 				require.Equal(t, []string{nonce, nonce}, keys, "the retry reached the upstream with the same key")
-				require.Eventually(t, func() bool { r, _ := e.record(t, nonce); return r.State == state.Done }, 5*time.Second, 10*time.Millisecond)
+				require.Eventually(t, func() bool { r, _ := e.recordNow(nonce); return r.State == state.Done }, 5*time.Second, 10*time.Millisecond)
 			})
 
 			t.Run("downstream ignores keys: needs reconciliation", func(t *testing.T) {
@@ -61,7 +61,7 @@ func TestAmbiguousClientErrorsAreNotFailures(t *testing.T) {
 					return upstreamReply{status: status, body: []byte(`{"error":"try later"}`)}
 				})
 				require.Equal(t, status, res.status)
-				require.Eventually(t, func() bool { r, _ := e.record(t, nonce); return r.State == state.Unknown }, 5*time.Second, 10*time.Millisecond)
+				require.Eventually(t, func() bool { r, _ := e.recordNow(nonce); return r.State == state.Unknown }, 5*time.Second, 10*time.Millisecond)
 				res = do(t, d, post("/v1/accounts/acc-1/payouts/confirm", alice, body), neverCalled(t))
 				requireEnvelope(t, res, 409, "needs_reconciliation", false)
 			})
@@ -88,7 +88,7 @@ func TestConfiguredOutcomeOverridesTheDefault(t *testing.T) {
 		return upstreamReply{status: 409, headers: []header{{"content-type", "application/json"}}, body: []byte(`{"error":"duplicate payment"}`)}
 	})
 	require.Equal(t, 409, res.status)
-	require.Eventually(t, func() bool { r, _ := e.record(t, nonce); return r.State == state.Failed }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { r, _ := e.recordNow(nonce); return r.State == state.Failed }, 5*time.Second, 10*time.Millisecond)
 	res = do(t, d, post("/v1/transfers/confirm", alice, body), neverCalled(t))
 	b := requireEnvelope(t, res, 409, "already_failed", false)
 	require.Equal(t, map[string]any{"error": "duplicate payment"}, b["result"])

@@ -71,7 +71,7 @@ func TestStreamEndAfterAcquireIsSettledWithinOneSecond(t *testing.T) {
 			require.True(t, res.upstreamCalled, "the confirm was acquired and forwarded")
 			var rec state.Record
 			require.Eventually(t, func() bool {
-				r, found := e.record(t, nonce)
+				r, found := e.recordNow(nonce)
 				rec = r
 				return found && r.State == tc.settled && (r.State != state.InFlight || r.LeaseExpired)
 			}, 10*time.Second, 5*time.Millisecond, "the record was never settled")

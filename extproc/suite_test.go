@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"strings"
@@ -35,6 +36,15 @@ func (e *env) holdRecord(t testing.TB, c fingerprint.Claims, scope string, lease
 	require.NoError(t, err)
 	require.Equal(t, state.OutcomeAcquired, ans.Outcome)
 	return ans
+}
+
+// recordNow is record for a require.Eventually condition: it never calls
+// require (a failure inside the condition would panic the test binary
+// after the test returned); a store error reads as not found, and the
+// condition polls on.
+func (e *env) recordNow(nonce string) (state.Record, bool) {
+	rec, found, err := e.store.Store.Get(context.Background(), nonce)
+	return rec, found && err == nil
 }
 
 func (e *env) record(t testing.TB, nonce string) (state.Record, bool) {
@@ -126,7 +136,7 @@ func runSuite(t *testing.T, e *env, d dialer) {
 		require.Equal(t, 201, res.status)
 		require.Equal(t, `{"transfer_id":"tr_1","state":"executed"}`, string(res.body), "upstream answer reaches the client unchanged")
 		require.Equal(t, 1, p.Executions())
-		require.Eventually(t, func() bool { rec, _ := e.record(t, nonce); return rec.State == state.Done }, 5*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { rec, _ := e.recordNow(nonce); return rec.State == state.Done }, 5*time.Second, 10*time.Millisecond)
 
 		res = do(t, d, confirm(alice, transferBody(`100.0`, "EUR", "DE89", fp)), neverCalled(t))
 		body := requireEnvelope(t, res, 201, "already_completed", false)
@@ -262,7 +272,7 @@ func runSuite(t *testing.T, e *env, d dialer) {
 		nonce := e.claimsOf(t, fp, alice, "payments.transfer").Nonce
 		res := do(t, d, confirm(alice, transferBody(`13`, "EUR", "DE89", fp)), p.handle)
 		require.Equal(t, 201, res.status)
-		require.Eventually(t, func() bool { rec, _ := e.record(t, nonce); return rec.State == state.Done }, 5*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { rec, _ := e.recordNow(nonce); return rec.State == state.Done }, 5*time.Second, 10*time.Millisecond)
 		e.clock.Advance(15*time.Minute + time.Second)
 
 		res = do(t, d, confirm(alice, transferBody(`13`, "EUR", "DE89", fp)), neverCalled(t))
@@ -402,14 +412,14 @@ func runSuite(t *testing.T, e *env, d dialer) {
 		res := do(t, d, confirm(alice, transferBody(`16`, "EUR", "DE89", fp)), upstream)
 		require.Equal(t, 504, res.status)
 		require.Eventually(t, func() bool {
-			rec, _ := e.record(t, nonce)
+			rec, _ := e.recordNow(nonce)
 			return rec.State == state.InFlight && rec.LeaseExpired
 		}, 5*time.Second, 10*time.Millisecond, "released at once, not left for the lease")
 		res = do(t, d, confirm(alice, transferBody(`16`, "EUR", "DE89", fp)), upstream)
 		require.Equal(t, 201, res.status)
 		require.Equal(t, []string{nonce, nonce}, keys, "the retry took over and re-sent the same key")
 		require.Equal(t, 1, p.Executions(), "the downstream deduplicated it")
-		require.Eventually(t, func() bool { rec, _ := e.record(t, nonce); return rec.State == state.Done }, 5*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { rec, _ := e.recordNow(nonce); return rec.State == state.Done }, 5*time.Second, 10*time.Millisecond)
 	})
 
 	t.Run("upstream 503: released at response headers, body not requested", func(t *testing.T) {
@@ -438,7 +448,7 @@ func runSuite(t *testing.T, e *env, d dialer) {
 		body := []byte(fmt.Sprintf(`{"amount":3,"fingerprint":%q}`, fp))
 		res = do(t, d, post("/v1/accounts/acc-9/payouts/confirm", alice, body), func(map[string]string, []byte) upstreamReply { return upstreamReply{reset: true} })
 		require.Equal(t, 504, res.status)
-		require.Eventually(t, func() bool { rec, _ := e.record(t, nonce); return rec.State == state.Unknown }, 5*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { rec, _ := e.recordNow(nonce); return rec.State == state.Unknown }, 5*time.Second, 10*time.Millisecond)
 		res = do(t, d, post("/v1/accounts/acc-9/payouts/confirm", alice, body), neverCalled(t))
 		b := requireEnvelope(t, res, 409, "needs_reconciliation", false)
 		require.Equal(t, "payout_status", b["poll_with"])

@@ -214,7 +214,7 @@ type bindingSeed struct{ body, ops []byte }
 // every mutation with a few arguments, and the four bodies that once
 // confirmed another operation (docs/design.md section 2).
 func bindingSeeds() []bindingSeed {
-	seeds := []bindingSeed{{[]byte(previewedBody), []byte{}}}
+	seeds := []bindingSeed{{[]byte(previewedBody), []byte{}}, {[]byte(withFillers(previewedBody, 17)), []byte{}}}
 	for op := range byte(opCount) {
 		for _, arg := range []byte{0, 1, 2, 3, 5, 7, 11, 200} {
 			seeds = append(seeds, bindingSeed{[]byte(previewedBody), []byte{op, arg, arg + 1, arg + 2}})
@@ -230,7 +230,9 @@ func bindingSeeds() []bindingSeed {
 		`{"amount":"250.00","amount":"2500.00","currency":"EUR","payee":{"account_id":"acc_caf\u00e9"}}`,
 		`{"amount":2.5e2,"currency":"\u0045UR","payee":{"account_id":"acc\u005fcaf\u00e9"}}`,
 	} {
-		seeds = append(seeds, bindingSeed{[]byte(b), []byte{}})
+		// Each also with 17 filler keys in every object: past the size up
+		// to which keys are compared pairwise.
+		seeds = append(seeds, bindingSeed{[]byte(b), []byte{}}, bindingSeed{[]byte(withFillers(b, 17)), []byte{}})
 	}
 	seeds = append(seeds,
 		bindingSeed{[]byte(previewedBody), []byte{opKeyEscape, 1, opRespellAmount, 3}},

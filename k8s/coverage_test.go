@@ -8,7 +8,6 @@ import (
 	"slices"
 	"testing"
 
-	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgate/idemgate/envoy"
@@ -90,33 +89,36 @@ func checkCoverage(f front, cfg *envoytest.IdemgateConfig, surfaces []string) er
 	return errors.Join(errs...)
 }
 
-// envoyFront reads a front from Envoy's route table: ext_proc on (as the
-// route's typed_per_filter_config leaves it) is guarded, a direct response
-// refused, anything else forwarded a pass-through.
+// envoyFront reads a front from Envoy's route table: a request ext_proc runs
+// for (the filter's path matcher lets it, and the route's
+// typed_per_filter_config does not switch it off) is guarded, a direct
+// response refused, anything else forwarded a pass-through. A route is
+// classified by its own path or prefix.
 func envoyFront(g *envoytest.Gateway) (front, error) {
-	_, name, err := g.ExtProc()
-	if err != nil {
-		return front{}, err
-	}
-	classify := func(vh *routev3.VirtualHost, r *routev3.Route) (exposed, error) {
-		e := exposed{name: r.GetName(), exact: r.GetMatch().GetPath()}
-		off, err := envoytest.ExtProcDisabled(vh, r, name)
-		switch {
-		case err != nil:
-			return e, err
-		case r.GetDirectResponse() != nil || r.GetRedirect() != nil:
+	classify := func(m envoytest.Match, path string) (exposed, error) {
+		e := exposed{name: m.Route.GetName(), exact: m.Route.GetMatch().GetPath()}
+		if m.Route.GetDirectResponse() != nil || m.Route.GetRedirect() != nil {
 			e.v = refused
-		case !off:
+			return e, nil
+		}
+		runs, err := g.ExtProcRunsOn(path, m)
+		if err != nil {
+			return e, err
+		}
+		e.v = passThrough
+		if runs {
 			e.v = guarded
-		default:
-			e.v = passThrough
 		}
 		return e, nil
 	}
 	var f front
 	for _, vh := range g.VirtualHosts() {
 		for _, r := range vh.GetRoutes() {
-			e, err := classify(vh, r)
+			probe := r.GetMatch().GetPath()
+			if probe == "" {
+				probe = r.GetMatch().GetPrefix()
+			}
+			e, err := classify(envoytest.Match{VirtualHost: vh, Route: r}, probe)
 			if err != nil {
 				return front{}, err
 			}
@@ -128,7 +130,7 @@ func envoyFront(g *envoytest.Gateway) (front, error) {
 		if err != nil {
 			return exposed{}, false, nil // no route: Envoy's own 404
 		}
-		e, err := classify(m.VirtualHost, m.Route)
+		e, err := classify(m, path)
 		return e, true, err
 	}
 	return f, nil

@@ -1,7 +1,6 @@
 package k8s
 
 import (
-	"encoding/json"
 	"slices"
 	"strconv"
 	"testing"
@@ -9,18 +8,17 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 	securityv1 "istio.io/api/security/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"sigs.k8s.io/yaml"
 
 	"github.com/idemgate/idemgate/envoy"
 	"github.com/idemgate/idemgate/envoy/envoytest"
@@ -189,25 +187,30 @@ func TestIstioEnvoyFilter(t *testing.T) {
 			}
 		}
 	})
-	t.Run("ext_proc, cluster and per-route switch equal envoy/ext_proc-filter.yaml's", func(t *testing.T) {
-		// Only the filter's name differs (idemgate.ext_proc, to avoid collisions in a mesh).
-		var snippet struct {
-			HTTPFilters          []json.RawMessage          `json:"http_filters"`
-			Clusters             []json.RawMessage          `json:"clusters"`
-			TypedPerFilterConfig map[string]json.RawMessage `json:"typed_per_filter_config"`
-		}
-		js, err := yaml.YAMLToJSONStrict(envoy.FilterSnippetYAML())
+	t.Run("ext_proc and cluster equal envoy/ext_proc-filter.yaml's; the per-route switch disables it", func(t *testing.T) {
+		// The pieces wrap ext_proc in a path matcher; Istio's EnvoyFilter
+		// inserts it bare and switches it off per route (its routes refuse
+		// the near misses), under its own name (idemgate.ext_proc, to avoid
+		// collisions in a mesh). The ext_proc settings are the same.
+		pieces, err := envoytest.DecodePieces(envoy.FilterSnippetYAML())
 		require.NoError(t, err)
-		require.NoError(t, json.Unmarshal(js, &snippet))
-		var f hcmv3.HttpFilter
-		require.NoError(t, envoytest.UnmarshalJSON(snippet.HTTPFilters[0], &f))
-		require.True(t, proto.Equal(f.GetTypedConfig(), patches.extProc.GetTypedConfig()), "ext_proc settings differ from the snippet's")
-		var c clusterv3.Cluster
-		require.NoError(t, envoytest.UnmarshalJSON(snippet.Clusters[0], &c))
-		require.True(t, proto.Equal(&c, patches.cluster), "idemgate cluster differs from the snippet's")
-		var per anypb.Any
-		require.NoError(t, envoytest.UnmarshalJSON(snippet.TypedPerFilterConfig[f.GetName()], &per))
-		require.True(t, proto.Equal(&per, patches.defaultMerge.GetTypedPerFilterConfig()[patches.extProc.GetName()]))
+		unpacked, err := envoytest.UnpackFilters(pieces.Filters)
+		require.NoError(t, err)
+		var ep extprocv3.ExternalProcessor
+		require.NoError(t, patches.extProc.GetTypedConfig().UnmarshalTo(&ep))
+		want := unpacked[0].Config.(*extprocv3.ExternalProcessor)
+		if want.GetMetadataOptions() == nil {
+			// The pieces forward metadata only to a config that reads the
+			// subject from it; the EnvoyFilter also forwards jwt_authn's for
+			// one that switches to subject.metadata.
+			require.Equal(t, []string{"envoy.filters.http.jwt_authn"}, ep.GetMetadataOptions().GetForwardingNamespaces().GetUntyped())
+			ep.MetadataOptions = nil
+		}
+		require.True(t, proto.Equal(want, &ep), "ext_proc settings differ from the pieces'")
+		require.True(t, proto.Equal(pieces.Clusters[0], patches.cluster), "idemgate cluster differs from the pieces'")
+		var per extprocv3.ExtProcPerRoute
+		require.NoError(t, patches.defaultMerge.GetTypedPerFilterConfig()[patches.extProc.GetName()].UnmarshalTo(&per))
+		require.True(t, per.GetDisabled())
 	})
 
 	g := assembleInbound(t, patches, uint32(appPort))

@@ -3,6 +3,7 @@ package k8s
 import (
 	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,7 +20,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/envoy/envoytest"
+	"github.com/idemgate/idemgate/envoy/pieces"
+	"github.com/idemgate/idemgate/extproc/config"
 )
 
 // The invariants these tests hold the manifests to: the application is
@@ -201,6 +205,18 @@ func TestBaseEnvoyConfig(t *testing.T) {
 			require.NoError(t, check.Run(g, cfg))
 		})
 	}
+	t.Run("it carries the pieces of `idemgate envoy-config` for the config beside it", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "idemgate.yaml")
+		raw, _ := idemgateConfig(t, objs)
+		require.NoError(t, os.WriteFile(path, raw, 0o600))
+		s, _, err := settings.Load(path, config.Options{Offline: true})
+		require.NoError(t, err)
+		out, err := pieces.Render(s.Runtime, pieces.Options{ConfigPath: "k8s/base/idemgate.yaml", IdemgateAddress: "127.0.0.1:50051", UpstreamCluster: envoytest.PaymentsCluster})
+		require.NoError(t, err)
+		p, err := envoytest.DecodePieces(out)
+		require.NoError(t, err)
+		require.NoError(t, envoytest.CheckCarriesPieces(g, p))
+	})
 	t.Run("the listener is the envoy container's only port", func(t *testing.T) {
 		require.Len(t, envoy.Ports, 1)
 		require.EqualValues(t, g.ListenerPort(), envoy.Ports[0].ContainerPort)

@@ -57,7 +57,7 @@ var envoyColumnDescriptions = map[string]string{
 	evReplay:        "(c) Envoy + idemgate, replay: confirms of fingerprints already DONE (a pool confirmed through Envoy beforehand, reused round-robin): idemgate answers from the record after the request body, the upstream is not called. Expected: 200 with Idempotent-Replayed: true.",
 
 	evNoopMCP:      "(b) over MCP: Envoy + the no-op ext_proc server, tools/call of " + mcpUnguardedTool + " (a tool no operation guards) to /mcp with Mcp-Method/Mcp-Name headers; the upstream answers it exactly like the preview tool (the quote as structuredContent plus a text block, JSON). 4 messages per request.",
-	evMCPUnguarded: "(c) Envoy + idemgate, the same unguarded tools/call: idemgate lets it pass at the request headers from Mcp-Method/Mcp-Name (the 2026-07-28 header fast path: no body buffered, every later phase off; 1 message). Expected: a JSON-RPC result for the request's id.",
+	evMCPUnguarded: "(c) Envoy + idemgate, the same unguarded tools/call: idemgate reads the body (mcp.trust_upstream_headers is off, the default: the body must agree with Mcp-Method/Mcp-Name), lets it pass and switches the response phases off (3 messages). Expected: a JSON-RPC result for the request's id.",
 	evMCPPreview:   "(c) Envoy + idemgate, tools/call " + mcpPreviewTool + ": idemgate buffers the call, hashes the arguments, and signs a fingerprint into the result's structuredContent and a text block. Expected: a result for the request's id with the fingerprint.",
 	evMCPConfirm:   "(c) Envoy + idemgate, tools/call " + mcpConfirmTool + " with a distinct minted fingerprint in the arguments, tiered store: verify, acquire, the fingerprint taken out of the arguments, the upstream called with Idempotency-Key, complete. Expected: a result for the request's id, the upstream's mark that it saw the key.",
 	evMCPReplay:    "(c) Envoy + idemgate, replay over MCP: confirm tool calls of fingerprints already DONE (a pool confirmed beforehand, reused round-robin), each with a new JSON-RPC id: idemgate answers the stored result with the current id, the upstream is not called. Expected: a result for the request's id with Idempotent-Replayed: true.",
@@ -644,7 +644,7 @@ func (e *envoyBench) finish() {
 		{Name: "envoy+replay / envoy+noop-answer", Num: evReplay, Den: evAnswer, Note: "against the floor with the same 2 messages and an answer of its own."},
 		{Name: "envoy+confirm-tiered / envoy", Num: evConfirm, Den: evPlain, Note: "4 ext_proc messages and 4 store round trips."},
 		{Name: "envoy+mcp-unguarded / envoy+noop mcp", Num: evMCPUnguarded, Den: evNoopMCP, Target: 0.95, TargetConcurrency: at,
-			Note: "an MCP call no operation guards: idemgate lets it pass at the request headers (Mcp-Method/Mcp-Name), the no-op server exchanges all 4 messages."},
+			Note: "an MCP call no operation guards: idemgate reads its body and lets it pass with the response phases off (3 messages), the no-op server exchanges all 4."},
 		{Name: "envoy+mcp-preview / envoy+noop mcp", Num: evMCPPreview, Den: evNoopMCP,
 			Note: "no target in the issue; the MCP counterpart of envoy+preview / envoy+noop (the upstream does the same work in both)."},
 		{Name: "envoy+mcp-replay / envoy+noop mcp", Num: evMCPReplay, Den: evNoopMCP},

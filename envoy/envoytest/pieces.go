@@ -3,8 +3,10 @@ package envoytest
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
+	"slices"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -182,4 +184,44 @@ func PasteIntoBootstrap(pieces []byte, o PasteOptions) ([]byte, error) {
 			"clusters": clusters,
 		},
 	})
+}
+
+// CheckCarriesPieces reports whether a bootstrap carries every piece
+// unchanged (proto-equal): each filter under its name, the strip filter
+// first in the chain, the cluster, the operation routes first in the
+// catch-all virtual host, and the local reply mapping.
+func CheckCarriesPieces(g *Gateway, p *Pieces) error {
+	var errs []error
+	filters := g.HCM.GetHttpFilters()
+	for _, f := range append(append([]*hcmv3.HttpFilter{}, p.FiltersBeforeAuthentication...), p.Filters...) {
+		i := slices.IndexFunc(filters, func(h *hcmv3.HttpFilter) bool { return h.GetName() == f.GetName() })
+		switch {
+		case i < 0:
+			errs = append(errs, fmt.Errorf("no http filter named %s", f.GetName()))
+		case !proto.Equal(filters[i], f):
+			errs = append(errs, fmt.Errorf("http filter %s differs from the piece", f.GetName()))
+		}
+	}
+	if len(p.FiltersBeforeAuthentication) > 0 && (len(filters) == 0 || filters[0].GetName() != p.FiltersBeforeAuthentication[0].GetName()) {
+		errs = append(errs, fmt.Errorf("%s is not the first http filter", p.FiltersBeforeAuthentication[0].GetName()))
+	}
+	for _, c := range p.Clusters {
+		if !proto.Equal(g.Clusters[c.GetName()], c) {
+			errs = append(errs, fmt.Errorf("cluster %s differs from the piece", c.GetName()))
+		}
+	}
+	vh, err := g.wildcardHost()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	routes := vh.GetRoutes()
+	for i, r := range p.Routes {
+		if i >= len(routes) || !proto.Equal(routes[i], r) {
+			errs = append(errs, fmt.Errorf("route %d is not the piece's %s", i, r.GetName()))
+		}
+	}
+	if !proto.Equal(g.HCM.GetLocalReplyConfig(), p.LocalReplyConfig) {
+		errs = append(errs, errors.New("local_reply_config differs from the piece"))
+	}
+	return errors.Join(errs...)
 }

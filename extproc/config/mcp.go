@@ -21,6 +21,13 @@ type MCPSpec struct {
 	ConfirmTool string `yaml:"confirm_tool"`
 	// StatusTool is answered by idemgate and appended to tools/list.
 	StatusTool string `yaml:"status_tool"`
+	// TrustUpstreamHeaders lets idemgate decide a 2026-07-28 request from
+	// its Mcp-Method and Mcp-Name headers alone and pass a call it does not
+	// guard without reading the body. Safe only with an MCP server that
+	// refuses a body disagreeing with those headers (the specification
+	// requires it; an older or hand-written server may not check), so off
+	// by default: idemgate then reads every request body on the endpoint.
+	TrustUpstreamHeaders bool `yaml:"trust_upstream_headers"`
 }
 
 // MCPTools is the compiled mcp block of an operation.
@@ -29,6 +36,8 @@ type MCPTools struct {
 	PreviewTool string
 	ConfirmTool string
 	StatusTool  string
+	// TrustUpstreamHeaders is mcp.trust_upstream_headers.
+	TrustUpstreamHeaders bool
 }
 
 // MCPEndpoint is one MCP endpoint path with every guarded tool on it.
@@ -40,6 +49,9 @@ type MCPEndpoint struct {
 	// Ops lists the endpoint's operations in configured order (tools/list
 	// appends their status tools in this order).
 	Ops []*Operation
+	// TrustUpstreamHeaders: every operation on the endpoint set
+	// mcp.trust_upstream_headers (one that did not keeps the body read).
+	TrustUpstreamHeaders bool
 }
 
 // MCPEndpoint returns the MCP endpoint a request goes to, or nil. Only POST
@@ -91,7 +103,8 @@ func (c *compiler) mcpTools(op *Operation, o *OperationSpec, at func(...any) []a
 // prefixed with result.structuredContent.
 func (c *compiler) mcpOperation(op *Operation, o *OperationSpec, at func(...any) []any) {
 	m := o.MCP
-	tools := &MCPTools{Endpoint: m.Endpoint, PreviewTool: m.PreviewTool, ConfirmTool: m.ConfirmTool, StatusTool: m.StatusTool}
+	tools := &MCPTools{Endpoint: m.Endpoint, PreviewTool: m.PreviewTool, ConfirmTool: m.ConfirmTool, StatusTool: m.StatusTool,
+		TrustUpstreamHeaders: m.TrustUpstreamHeaders}
 	switch {
 	case m.Endpoint == "":
 		c.errorf(at("mcp", "endpoint"), "required: the MCP endpoint's path, e.g. /mcp")
@@ -137,10 +150,11 @@ func (c *compiler) mcpEndpoints(ops []*Operation, routes *route.Table[Target]) m
 			if out == nil {
 				out = map[string]*MCPEndpoint{}
 			}
-			ep = &MCPEndpoint{Path: op.MCP.Endpoint, Tools: map[string]Target{}}
+			ep = &MCPEndpoint{Path: op.MCP.Endpoint, Tools: map[string]Target{}, TrustUpstreamHeaders: true}
 			out[op.MCP.Endpoint] = ep
 		}
 		ep.Ops = append(ep.Ops, op)
+		ep.TrustUpstreamHeaders = ep.TrustUpstreamHeaders && op.MCP.TrustUpstreamHeaders
 		for _, t := range []struct {
 			key, name string
 			kind      Kind

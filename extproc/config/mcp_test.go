@@ -81,6 +81,31 @@ func TestMCPOnlyOperations(t *testing.T) {
 	require.NotNil(t, rt.MCPEndpoint("POST", "/mcp"))
 }
 
+// TestMCPTrustUpstreamHeadersNeedsEveryOperation: an endpoint decides from
+// the mirrored headers alone only when every operation on it says so.
+func TestMCPTrustUpstreamHeadersNeedsEveryOperation(t *testing.T) {
+	for _, tc := range []struct {
+		first, second string
+		want          bool
+	}{
+		{"", "", false},
+		{"trust_upstream_headers: true, ", "", false},
+		{"trust_upstream_headers: true, ", "trust_upstream_headers: true, ", true},
+	} {
+		rt, _, err := Parse("mcp.yaml", []byte(mcpHead+`  - name: transfer
+    scope: payments.transfer
+    mcp: {`+tc.first+`endpoint: /mcp, preview_tool: transfer_preview, confirm_tool: transfer_confirm, status_tool: transfer_status}
+    params: [amount]
+  - name: refund
+    scope: payments.refund
+    mcp: {`+tc.second+`endpoint: /mcp, preview_tool: refund_preview, confirm_tool: refund_confirm, status_tool: refund_status}
+    params: [charge_id]
+`), "", testOptions())
+		require.NoError(t, err)
+		require.Equal(t, tc.want, rt.MCPEndpoints["/mcp"].TrustUpstreamHeaders, "%+v", tc)
+	}
+}
+
 func TestMCPBadConfigs(t *testing.T) {
 	cases := []struct {
 		name string
@@ -141,7 +166,7 @@ func TestMCPBadConfigs(t *testing.T) {
     mcp: {endpoint: /mcp, preview_tool: p, confirm_tool: c, status_tool: s, tools: []}
     params: [amount]
 `, []string{
-			"mcp.yaml:6:77: operations[0].mcp.tools: unknown key \"tools\" (known keys: confirm_tool, endpoint, preview_tool, status_tool)",
+			"mcp.yaml:6:77: operations[0].mcp.tools: unknown key \"tools\" (known keys: confirm_tool, endpoint, preview_tool, status_tool, trust_upstream_headers)",
 		}},
 	}
 	for _, tc := range cases {
