@@ -56,6 +56,10 @@ chaos: services envoy ## Seeded chaos run through real Envoy and 3 idemgate repl
 	ENVOY_BIN=$(ENVOY) $(TEST_ENV) $(GO) test -count=1 -v -run '^TestChaos$$' -timeout 3h ./e2e/chaos/ \
 		-args -chaos.seed=$(SEED) -chaos.duration=$(DURATION)
 
+.PHONY: test-mesh
+test-mesh: services envoy ## The control planes judge k8s/: Envoy Gateway standalone, Istio's generator + istioctl analyze, kubectl-validate (tools built once into .mesh/).
+	ENVOY_BIN=$(ENVOY) k8s/mesh/run.sh
+
 .PHONY: test-race
 test-race: test ## Same as test: the suite always runs with -race.
 
@@ -67,6 +71,11 @@ test-short: ## Unit tests only (no services needed).
 bench: services envoy build ## Micro-benchmarks, then the load benchmarks (ext_proc level, then through the pinned Envoy) that write BENCHMARKS.md; about 11 minutes on 2 cores.
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 1s ./fingerprint/... ./state/... ./extproc/...
 	ENVOY_BIN=$(ENVOY) $(GO) run ./e2e/loadgen -out BENCHMARKS.md
+
+RECORDS ?= 10000000
+.PHONY: bench-retention
+bench-retention: services ## Removing a day of records out of RECORDS (default 10M): row-by-row sweeper vs partition drop (time, WAL, confirm latency) and bytes per record; writes its section of BENCHMARKS.md. Not part of make test (minutes, gigabytes).
+	$(GO) run ./e2e/retentionbench -records $(RECORDS) -out BENCHMARKS.md
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 60s); the binding rule's for BINDING_FUZZTIME (default 5m).

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bufio"
+	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -9,7 +11,9 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -402,4 +406,161 @@ func kidOf(t *testing.T, token string) string {
 	var hdr struct{ Kid string }
 	require.NoError(t, json.Unmarshal(raw, &hdr))
 	return hdr.Kid
+}
+
+// TestPythonAndNodeVerifiersThroughEnvoy runs the Python (WSGI) and the
+// Node (Express-style) verifiers as the upstream itself, behind real
+// Envoy and idemgate: the checked confirm executes; the same confirm sent
+// along a broken route or straight to the upstream's port is refused by
+// the upstream, and executes nothing.
+func TestPythonAndNodeVerifiersThroughEnvoy(t *testing.T) {
+	requireEnv(t)
+	repo, err := filepath.Abs("..")
+	require.NoError(t, err)
+	for _, u := range []struct {
+		name  string
+		argv  func(jwks string) []string
+		env   []string
+		probe []string
+	}{
+		{"python", func(jwks string) []string { return []string{"python3", "testdata/attest_upstream.py", jwks} },
+			[]string{"PYTHONPATH=" + filepath.Join(repo, "attest", "python"), "PYTHONDONTWRITEBYTECODE=1"}, []string{"python3", "-c", "import cryptography"}},
+		{"node", func(jwks string) []string { return []string{"node", "testdata/attest_upstream.js", jwks} }, nil, []string{"node", "--version"}},
+	} {
+		t.Run(u.name, func(t *testing.T) {
+			if err := exec.Command(u.probe[0], u.probe[1:]...).Run(); err != nil {
+				if os.Getenv("IDEMGATE_REQUIRE_SERVICES") != "" {
+					t.Fatalf("%v is required: %v", u.probe, err)
+				}
+				t.Skipf("%v not usable: %v", u.probe, err)
+			}
+			section := attestationKeys(t, "a1", "a1")
+			jwks := filepath.Join(t.TempDir(), "jwks.json")
+			require.NoError(t, os.WriteFile(jwks, jwksOf(t, section), 0o600))
+			addr := startUpstreamProcess(t, u.argv(jwks), u.env)
+
+			s := startStack(t, stack.Options{
+				IdemgateConfig: map[string]any{"attestation": section},
+				EditBootstrap: func(b []byte) ([]byte, error) {
+					b, err := breakRoutes(b)
+					if err != nil {
+						return nil, err
+					}
+					return pointCluster(b, envoytest.PaymentsCluster, addr)
+				},
+			})
+			alice := s.Agent("alice")
+			pv := preview(t, alice, transfer("12.00", "acct_bob", "rent"))
+			requireExecuted(t, confirm(t, alice, pv.ConfirmBody()))
+
+			body := pvBody(t, preview(t, alice, transfer("13.00", "acct_bob", "rent")))
+			r, err := alice.Send(http.MethodPost, "/v1/transfers/confirm/", body, stack.WithLength)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusForbidden, r.StatusCode, "around idemgate through Envoy: %s", r)
+			require.Contains(t, string(r.Body), "attestation_missing")
+			req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/transfers/confirm", strings.NewReader(string(body)))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusForbidden, resp.StatusCode, "straight to the upstream's port")
+
+			resp, err = http.Get("http://" + addr + "/_stats")
+			require.NoError(t, err)
+			var stats struct {
+				Executions int
+				Keys       []string
+			}
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&stats))
+			resp.Body.Close()
+			require.Equal(t, 1, stats.Executions)
+			require.Equal(t, []string{pv.Nonce}, stats.Keys, "executed once, under the attested key")
+		})
+	}
+}
+
+// jwksOf is the public JWKS of an attestation section's key files.
+func jwksOf(t *testing.T, section map[string]any) []byte {
+	t.Helper()
+	keys := map[string]ed25519.PrivateKey{}
+	for id, src := range section["keys"].(map[string]any) {
+		text, err := os.ReadFile(src.(map[string]any)["file"].(string))
+		require.NoError(t, err)
+		keys[id], err = attest.ParseSeed(string(text))
+		require.NoError(t, err)
+	}
+	s, err := attest.NewSigner(section["active_key"].(string), keys)
+	require.NoError(t, err)
+	return s.JWKS()
+}
+
+// startUpstreamProcess runs argv (in e2e/) until the test ends and returns
+// the address it printed ("listening PORT").
+func startUpstreamProcess(t *testing.T, argv, env []string) string {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), env...)
+	var stderr stack.LogBuffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s stderr:\n%s", argv[1], stderr.String())
+		}
+	})
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		if sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+		_, _ = io.Copy(io.Discard, out)
+	}()
+	select {
+	case line := <-lines:
+		port, ok := strings.CutPrefix(line, "listening ")
+		require.True(t, ok, "%s printed %q; stderr: %s", argv[1], line, stderr.String())
+		return "127.0.0.1:" + port
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s printed nothing within 30s; stderr: %s", argv[1], stderr.String())
+	}
+	return ""
+}
+
+// pointCluster sends an Envoy cluster's one endpoint to addr.
+func pointCluster(bootstrap []byte, cluster, addr string) ([]byte, error) {
+	var doc map[string]any
+	if err := yaml.Unmarshal(bootstrap, &doc); err != nil {
+		return nil, err
+	}
+	host, portText, _ := strings.Cut(addr, ":")
+	port, err := strconv.Atoi(portText)
+	if err != nil {
+		return nil, fmt.Errorf("address %q: %w", addr, err)
+	}
+	for _, c := range dig[[]any](doc, "static_resources", "clusters") {
+		if dig[string](c, "name") != cluster {
+			continue
+		}
+		for _, ep := range dig[[]any](c, "load_assignment", "endpoints") {
+			for _, lb := range dig[[]any](ep, "lb_endpoints") {
+				sa := dig[map[string]any](lb, "endpoint", "address", "socket_address")
+				if sa == nil {
+					return nil, fmt.Errorf("cluster %s: no socket address", cluster)
+				}
+				for k := range sa {
+					delete(sa, k)
+				}
+				sa["address"], sa["port_value"] = host, port
+				return yaml.Marshal(doc)
+			}
+		}
+	}
+	return nil, fmt.Errorf("no cluster %s with an endpoint", cluster)
 }

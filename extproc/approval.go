@@ -78,7 +78,7 @@ func (ex *exchange) gatedConfirm(claims fingerprint.Claims, params fingerprint.P
 		ctx, cancel := ex.srv.storeContext(ex.ctx)
 		ans, err := approvals.AcquireWithinBudget(ctx, state.AcquireRequest{
 			Key: claims.Nonce, Scope: ex.op.Scope, SubjectTag: claims.SubjectTag, ParamHash: claims.ParamHash,
-			Owner: owner, Lease: ttl.InFlight, Retention: ttl.Terminal,
+			Owner: owner, Lease: ttl.InFlight, Retention: ttl.Terminal, FingerprintExpiry: claims.ExpiresAt(),
 		}, spends)
 		cancel()
 		if mayHaveWritten(err) {
@@ -235,7 +235,7 @@ func (ex *exchange) acquireApproved(a state.Approval, claims fingerprint.Claims,
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
 	ans, err := ex.srv.approvals.AcquireApproved(ctx, state.AcquireRequest{
 		Key: claims.Nonce, Scope: ex.op.Scope, SubjectTag: claims.SubjectTag, ParamHash: claims.ParamHash,
-		Owner: owner, Lease: ttl.InFlight, Retention: ttl.Terminal,
+		Owner: owner, Lease: ttl.InFlight, Retention: ttl.Terminal, FingerprintExpiry: claims.ExpiresAt(),
 	}, a.ID)
 	cancel()
 	if mayHaveWritten(err) {

@@ -1,6 +1,8 @@
 package extproc
 
 import (
+	"strings"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
@@ -57,7 +59,7 @@ func (ex *exchange) attestationClaims(claims fingerprint.Claims, fence int64) *v
 			vp.Normalize = "nfc"
 		}
 		c.Params = append(c.Params, vp)
-		if name, isVar := cutPathVar(p.Path); isVar {
+		if name, isVar := strings.CutPrefix(p.Path, "path."); isVar {
 			if v, ok := ex.vars[name]; ok {
 				if c.PathVars == nil {
 					c.PathVars = map[string]string{}
@@ -70,12 +72,4 @@ func (ex *exchange) attestationClaims(claims fingerprint.Claims, fence int64) *v
 		c.MCPTool = ex.op.MCP.ConfirmTool
 	}
 	return c
-}
-
-func cutPathVar(path string) (string, bool) {
-	const prefix = "path."
-	if len(path) > len(prefix) && path[:len(prefix)] == prefix {
-		return path[len(prefix):], true
-	}
-	return "", false
 }

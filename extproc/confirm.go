@@ -135,7 +135,7 @@ func (ex *exchange) storeAcquire(claims fingerprint.Claims, owner string) (state
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
 	ans, err := ex.srv.store.Acquire(ctx, state.AcquireRequest{
 		Key: claims.Nonce, Scope: ex.op.Scope, SubjectTag: claims.SubjectTag, ParamHash: claims.ParamHash,
-		Owner: owner, Lease: ttl.InFlight, Retention: ttl.Terminal,
+		Owner: owner, Lease: ttl.InFlight, Retention: ttl.Terminal, FingerprintExpiry: claims.ExpiresAt(),
 	})
 	cancel()
 	if mayHaveWritten(err) {

@@ -202,6 +202,12 @@ type AcquireRequest struct {
 	// Retention is how long the record is kept (ttl.terminal); it is counted
 	// from creation and restarted when the record becomes terminal.
 	Retention time.Duration
+	// FingerprintExpiry is the fingerprint's exp, signed into the token, so
+	// every attempt at one nonce carries the same one. PostgreSQL files the
+	// record under its UTC day, the partition dropped whole when its
+	// records have expired. Zero (not known) files it with the records
+	// swept one by one.
+	FingerprintExpiry time.Time
 }
 
 // TakeoverRequest moves an IN_FLIGHT record whose lease expired to a new

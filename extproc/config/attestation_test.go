@@ -89,3 +89,14 @@ func TestBadAttestation(t *testing.T) {
 		})
 	}
 }
+
+// An offline check follows no secret: the stand-in is a valid attestation
+// key and differs from the fingerprint's stand-in.
+func TestAttestationOffline(t *testing.T) {
+	src := `signing: {active_key: k1, keys: {k1: {file: /nonexistent/k1}}}
+attestation: {active_key: a1, keys: {a1: {file: /nonexistent/a1}, a2: {env: NOT_SET_ANYWHERE}}}
+` + attestationOps
+	rt, _, err := Parse("f.yaml", []byte(src), "", Options{Offline: true, LookupEnv: func(string) (string, bool) { return "", false }})
+	require.NoError(t, err)
+	require.Equal(t, "file /nonexistent/a1 (not read: offline check)", rt.Attestation.KeySources["a1"])
+}

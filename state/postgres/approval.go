@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemgate/idemgate/state"
 )
@@ -53,12 +52,8 @@ var (
 	lapseAllSQL   = fmt.Sprintf(lapseSQL, "true")
 )
 
-// querier is a pool or a transaction.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// readApproval and loadEvents take a querier (partitions.go): a pool or a
+// transaction.
 
 func scanApproval(row pgx.Row) (state.Approval, error) {
 	var (
@@ -299,8 +294,7 @@ func (s *Store) AcquireApproved(ctx context.Context, req state.AcquireRequest, a
 			return nil
 		}
 		var inserted bool
-		rec, err := scanRecord(tx.QueryRow(ctx, acquireSQL, req.Key, req.Scope, req.SubjectTag, req.ParamHash, req.Owner,
-			micros(req.Lease), micros(req.Retention)), &inserted)
+		rec, err := scanRecord(tx.QueryRow(ctx, acquireSQL, s.acquireArgs(req)...), &inserted)
 		if errors.Is(err, pgx.ErrNoRows) {
 			raced = true // a concurrent insert committed after the snapshot
 			return nil
@@ -442,8 +436,7 @@ func (s *Store) AcquireWithinBudget(ctx context.Context, req state.AcquireReques
 			return nil
 		}
 		var inserted bool
-		rec, err = scanRecord(tx.QueryRow(ctx, acquireSQL, req.Key, req.Scope, req.SubjectTag, req.ParamHash, req.Owner,
-			micros(req.Lease), micros(req.Retention)), &inserted)
+		rec, err = scanRecord(tx.QueryRow(ctx, acquireSQL, s.acquireArgs(req)...), &inserted)
 		if err != nil {
 			return err // a concurrent insert of the nonce: the retry reads it
 		}
@@ -464,4 +457,14 @@ func (s *Store) AcquireWithinBudget(ctx context.Context, req state.AcquireReques
 		return state.BudgetAnswer{}, state.Unavailable("acquire within budget in postgres", err)
 	}
 	return out, nil
+}
+
+// acquireArgs are acquireSQL's parameters for req (as Acquire passes them).
+func (s *Store) acquireArgs(req state.AcquireRequest) []any {
+	var expiry *time.Time
+	if !req.FingerprintExpiry.IsZero() {
+		e := req.FingerprintExpiry.UTC()
+		expiry = &e
+	}
+	return []any{req.Key, req.Scope, req.SubjectTag, req.ParamHash, req.Owner, micros(req.Lease), micros(req.Retention), expiry, s.aheadDays()}
 }

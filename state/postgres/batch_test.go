@@ -165,7 +165,7 @@ func TestFailingBatchFallsBackToSingleStatements(t *testing.T) {
 	// (lowest key) that succeeds inside the batch, and one that fails last.
 	rolledBack := "00000000000000000000000000000000"
 	first := batch.NewCall[stmt, row](ctx, stmt{key: rolledBack, sql: acquireSQL, lead: true,
-		args: []any{rolledBack, "s", "u", "p", "raw", micros(time.Minute), micros(time.Hour)}})
+		args: []any{rolledBack, "s", "u", "p", "raw", micros(time.Minute), micros(time.Hour), nil, int32(2)}})
 	failing := batch.NewCall[stmt, row](ctx, stmt{key: "ffffffffffffffffffffffffffffffff", sql: "SELECT 1/0"})
 	require.NoError(t, s.batch.q.Enqueue(first))
 	require.NoError(t, s.batch.q.Enqueue(failing))

@@ -141,6 +141,9 @@ func migrate(ctx context.Context, conn *pgx.Conn) (err error) {
 			return err
 		}
 	}
+	if err := ensurePartitions(ctx, tx, DefaultPartitionsAhead); err != nil {
+		return state.Unavailable("create postgres partitions", err)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return state.Unavailable("commit migrations", err)
 	}

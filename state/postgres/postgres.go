@@ -25,10 +25,11 @@
 //     later scenario on scanning plans.) Forcing custom plans instead costs
 //     a plan per statement, which halved confirm throughput when measured.
 //   - Unresolved records (IN_FLIGHT, UNKNOWN) are never swept: they wait for
-//     a person (`idemgate ops list/resolve`). Sweep deletes only terminal
-//     records past expires_at, in bounded batches with FOR UPDATE SKIP LOCKED
-//     so several replicas can sweep at once without blocking each other or
-//     the request path.
+//     a person (`idemgate ops list/resolve`). Terminal records leave with
+//     their daily partition, dropped whole once all of them have expired
+//     (partitions.go); only the held partition is swept row by row, in
+//     bounded batches with FOR UPDATE SKIP LOCKED so several replicas can
+//     sweep at once without blocking each other or the request path.
 //   - Concurrent Acquire inserts and Complete updates share one round trip
 //     and one commit: batch.go queues them for at most about a millisecond
 //     (only while a batch is already in flight) and sends them as one
@@ -108,12 +109,16 @@ type Options struct {
 	// transaction mode (PgBouncer pool_mode=transaction): no named
 	// prepared statements (see the package doc).
 	TransactionPooler bool
+	// PartitionsAhead is how far ahead of today daily partitions are kept
+	// ready: at least ttl.fingerprint (default 2 days; see partitions.go).
+	PartitionsAhead time.Duration
 }
 
 // Store is a PostgreSQL state.Store.
 type Store struct {
 	pool  *pgxpool.Pool
 	batch *batcher // nil when batching is disabled
+	ahead time.Duration
 }
 
 var _ state.Store = (*Store)(nil)
@@ -162,7 +167,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, state.Unavailable("create postgres pool", err)
 	}
-	s := &Store{pool: pool}
+	s := &Store{pool: pool, ahead: opts.PartitionsAhead}
 	if !opts.Batch.Disabled {
 		s.batch = newBatcher(pool, queueOptions(opts.Batch))
 	}
@@ -221,7 +226,10 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // Migrate applies the embedded migrations over a dedicated connection with
 // the pool's settings (see the package-level Migrate).
 func (s *Store) Migrate(ctx context.Context) error {
-	return migrateWith(ctx, s.pool.Config().ConnConfig.Copy())
+	if err := migrateWith(ctx, s.pool.Config().ConnConfig.Copy()); err != nil {
+		return err
+	}
+	return s.MaintainPartitions(ctx)
 }
 
 // recordCols is the select list every query returns: the stored columns and
@@ -239,13 +247,20 @@ const micro = `* interval '1 microsecond'`
 const (
 	selectSQL = `SELECT ` + recordCols + ` FROM idempotency_record WHERE idem_key = $1::char(32)`
 
+	// acquireSQL files the record under its bucket ($8, the fingerprint's
+	// expiry; see partitions.go). Every attempt at one nonce computes the
+	// same bucket, so the primary key (idem_key, bucket) decides races; the
+	// NOT EXISTS keeps one row per nonce across buckets as well (a record
+	// moved to the held partition).
 	acquireSQL = `WITH ins AS (
 	INSERT INTO idempotency_record (idem_key, scope, subject_tag, param_hash, state, owner, fence,
-		lease_until, created_at, updated_at, expires_at)
-	VALUES ($1::char(32), $2, $3, $4, 'IN_FLIGHT', $5, 1,
+		lease_until, created_at, updated_at, expires_at, bucket)
+	SELECT $1::char(32), $2, $3, $4, 'IN_FLIGHT', $5, 1,
 		now() + $6::bigint ` + micro + `, now(), now(),
-		greatest(now() + $7::bigint ` + micro + `, now() + $6::bigint ` + micro + `))
-	ON CONFLICT (idem_key) DO NOTHING
+		greatest(now() + $7::bigint ` + micro + `, now() + $6::bigint ` + micro + `),
+		` + bucketSQL + `
+	WHERE NOT EXISTS (SELECT 1 FROM idempotency_record WHERE idem_key = $1::char(32))
+	ON CONFLICT (idem_key, bucket) DO NOTHING
 	RETURNING ` + returningCols + `
 )
 SELECT true AS inserted, ` + recordCols + ` FROM ins
@@ -286,9 +301,11 @@ SET state = $2, result_status = $3, result_headers = $4::jsonb, result_body = $5
 WHERE idem_key = $1::char(32) AND state IN ('IN_FLIGHT', 'UNKNOWN')
 RETURNING ` + recordCols
 
-	sweepSQL = `DELETE FROM idempotency_record WHERE idem_key IN (
-	SELECT idem_key FROM idempotency_record
-	WHERE state IN ('DONE', 'FAILED') AND expires_at <= now()
+	// sweepSQL deletes row by row in the held partition only: the daily
+	// partitions leave whole (dropExpiredPartitions).
+	sweepSQL = `DELETE FROM idempotency_record WHERE bucket < ` + heldUpper + ` AND (idem_key, bucket) IN (
+	SELECT idem_key, bucket FROM idempotency_record
+	WHERE bucket < ` + heldUpper + ` AND state IN ('DONE', 'FAILED') AND expires_at <= now()
 	ORDER BY expires_at
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED)`
@@ -403,8 +420,13 @@ func (s *Store) Acquire(ctx context.Context, req state.AcquireRequest) (state.An
 	if err := req.Validate(); err != nil {
 		return state.Answer{}, err
 	}
+	var expiry *time.Time
+	if !req.FingerprintExpiry.IsZero() {
+		e := req.FingerprintExpiry.UTC()
+		expiry = &e
+	}
 	inserted, rec, err := s.queryRecord(ctx, stmt{key: req.Key, sql: acquireSQL, lead: true, batchable: true, args: []any{
-		req.Key, req.Scope, req.SubjectTag, req.ParamHash, req.Owner, micros(req.Lease), micros(req.Retention)}})
+		req.Key, req.Scope, req.SubjectTag, req.ParamHash, req.Owner, micros(req.Lease), micros(req.Retention), expiry, s.aheadDays()}})
 	if errors.Is(err, pgx.ErrNoRows) {
 		// A concurrent insert committed after this statement's snapshot:
 		// read the winner with a fresh one.
@@ -544,10 +566,17 @@ func (s *Store) Resolve(ctx context.Context, key string, c state.Completion) (st
 	})
 }
 
-// Sweep deletes up to limit terminal records past their retention.
+// Sweep drops the daily partitions whose records have all expired (moving
+// the unresolved ones to the held partition first; see partitions.go),
+// creates the ones ahead, and deletes up to limit terminal records past
+// their retention from the held partition. It returns the rows deleted one
+// by one.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, state.Unavailable("sweep postgres", err)
+	}
+	if err := s.MaintainPartitions(ctx); err != nil {
+		return 0, err
 	}
 	if limit <= 0 {
 		return 0, nil

@@ -44,7 +44,9 @@ func openStore(ctx context.Context, s settings.StoreSettings, metrics *extproc.M
 		// max_conns 0 takes the package default (see state/postgres for the
 		// sizing); serve keeps more of them warm than the default MinConns.
 		pg, err := postgres.New(ctx, postgres.Options{DSN: p.DSN.Reveal(), MaxConns: int32(p.MaxConns), MinConns: serveMinConns,
-			TransactionPooler: p.TransactionPooler})
+			TransactionPooler: p.TransactionPooler,
+			// A partition for every day a fingerprint signed now can expire on.
+			PartitionsAhead: max(postgres.DefaultPartitionsAhead, s.FingerprintTTL+24*time.Hour)})
 		if err != nil {
 			return nil, fmt.Errorf("failed to set up the PostgreSQL store (DSN from %s): %w", p.DSNSource, err)
 		}

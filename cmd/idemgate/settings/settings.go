@@ -103,6 +103,9 @@ type StoreSettings struct {
 	// ReplayCache is ttl.replay_cache (read by extproc/config; copied here
 	// for the tiered store): how long Redis keeps a record PostgreSQL holds.
 	ReplayCache time.Duration
+	// FingerprintTTL is ttl.fingerprint (copied for the PostgreSQL store,
+	// which keeps a partition ready for every day a fingerprint can expire on).
+	FingerprintTTL time.Duration
 }
 
 // Backend names the store configuration: memory, redis, postgres or tiered.
@@ -213,6 +216,7 @@ func Parse(name string, data []byte, baseDir string, opts config.Options) (*Sett
 	s.Log = c.log(f.Log)
 	s.Store = c.store(f.Store, rt.Store.Timeout)
 	s.Store.ReplayCache = rt.TTL.ReplayCache
+	s.Store.FingerprintTTL = rt.TTL.Fingerprint
 	if s.Store.Backend() == "redis" {
 		for _, op := range rt.Operations {
 			if op.Approval != nil {
