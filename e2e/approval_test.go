@@ -13,18 +13,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgate/idemgate/e2e/internal/stack"
+	"github.com/idemgate/idemgate/e2e/payments"
 	"github.com/idemgate/idemgate/internal/testutil"
 )
 
-// TestApprovalThroughRealEnvoy (DESIGN section 10): a transfer above the
-// threshold is answered 202 approval_pending through Envoy and not
-// executed; another person approves it on approval_listen with a bearer
-// JWT; the confirm then executes once, with its approval consumed, and
-// its retry replays.
-func TestApprovalThroughRealEnvoy(t *testing.T) {
+// approvalStack starts a stack whose transfers of 1000.00 or more need one
+// approver other than the requester, with the approvers' API on a port of
+// its own, and returns it with decide: an approval by sub (a bearer JWT of
+// the approvers' key), answering the HTTP status.
+func approvalStack(t *testing.T) (*stack.Stack, func(id, sub string) int) {
+	t.Helper()
 	pub, key, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
 	b64 := base64.RawURLEncoding
@@ -38,6 +40,29 @@ func TestApprovalThroughRealEnvoy(t *testing.T) {
 		},
 		IdemgateConfig: map[string]any{"approval_listen": approvalAddr},
 	})
+	decide := func(id, sub string) int {
+		h, _ := json.Marshal(map[string]any{"alg": "EdDSA"})
+		c, _ := json.Marshal(map[string]any{"iss": "https://idp.example", "aud": "idemgate-approvals", "sub": sub, "exp": time.Now().Add(time.Minute).Unix()})
+		signed := b64.EncodeToString(h) + "." + b64.EncodeToString(c)
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+approvalAddr+"/v1/approvals/"+id+"/approve",
+			strings.NewReader(`{"reason":"payee verified by phone"}`))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+signed+"."+b64.EncodeToString(ed25519.Sign(key, []byte(signed))))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	return s, decide
+}
+
+// TestApprovalThroughRealEnvoy (DESIGN section 10): a transfer above the
+// threshold is answered 202 approval_pending through Envoy and not
+// executed; another person approves it on approval_listen with a bearer
+// JWT; the confirm then executes once, with its approval consumed, and
+// its retry replays.
+func TestApprovalThroughRealEnvoy(t *testing.T) {
+	s, decide := approvalStack(t)
 	alice := s.Agent("alice")
 
 	small := preview(t, alice, transfer("999.99", "acct_bob", "rent"))
@@ -58,21 +83,8 @@ func TestApprovalThroughRealEnvoy(t *testing.T) {
 	require.Equal(t, 1, s.Payments.Executions(), "nothing ran")
 	require.Equal(t, "approval_pending", statusOf(t, s, alice, p.Fingerprint))
 
-	decide := func(sub string) int {
-		h, _ := json.Marshal(map[string]any{"alg": "EdDSA"})
-		c, _ := json.Marshal(map[string]any{"iss": "https://idp.example", "aud": "idemgate-approvals", "sub": sub, "exp": time.Now().Add(time.Minute).Unix()})
-		signed := b64.EncodeToString(h) + "." + b64.EncodeToString(c)
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+approvalAddr+"/v1/approvals/"+pending.ApprovalID+"/approve",
-			strings.NewReader(`{"reason":"payee verified by phone"}`))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+signed+"."+b64.EncodeToString(ed25519.Sign(key, []byte(signed))))
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	require.Equal(t, http.StatusForbidden, decide("alice"), "four eyes")
-	require.Equal(t, http.StatusOK, decide("bob"))
+	require.Equal(t, http.StatusForbidden, decide(pending.ApprovalID, "alice"), "four eyes")
+	require.Equal(t, http.StatusOK, decide(pending.ApprovalID, "bob"))
 	require.Equal(t, "approval_granted", statusOf(t, s, alice, p.Fingerprint))
 
 	done := confirm(t, alice, p.ConfirmBody())
@@ -81,4 +93,41 @@ func TestApprovalThroughRealEnvoy(t *testing.T) {
 	requireRow(t, s, p.Nonce, "DONE")
 	requireReplay(t, s, confirm(t, alice, p.ConfirmBody()), p.Nonce, done.Body)
 	require.Equal(t, 2, s.Payments.Executions())
+}
+
+// TestApprovalMCPThroughRealEnvoy: the same over MCP with the official Go
+// SDK client: the pending confirm is a tool result with isError, the
+// approved one runs once, its retry replays.
+func TestApprovalMCPThroughRealEnvoy(t *testing.T) {
+	s, decide := approvalStack(t)
+	cs := mcpSession(t, s, "alice", "")
+	ctx := t.Context()
+
+	args := transferArgs("1500.00")
+	pv, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: payments.MCPPreviewTool, Arguments: args})
+	require.NoError(t, err)
+	require.False(t, pv.IsError)
+	require.Equal(t, true, structured(t, pv)["approval_required"])
+	args["fingerprint"] = structured(t, pv)["fingerprint"]
+
+	r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: payments.MCPConfirmTool, Arguments: args})
+	require.NoError(t, err)
+	require.True(t, r.IsError, "approval_pending is not a result the agent may report")
+	sc := structured(t, r)
+	require.Equal(t, "approval_pending", sc["status"])
+	id, _ := sc["approval_id"].(string)
+	require.NotEmpty(t, id)
+	require.Zero(t, s.Payments.Executions())
+
+	require.Equal(t, http.StatusOK, decide(id, "bob"))
+	done, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: payments.MCPConfirmTool, Arguments: args})
+	require.NoError(t, err)
+	require.False(t, done.IsError, "%+v", done.Content)
+	require.NotEmpty(t, structured(t, done)["transfer_id"])
+	require.Equal(t, 1, s.Payments.Executions())
+
+	again, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: payments.MCPConfirmTool, Arguments: args})
+	require.NoError(t, err)
+	require.Equal(t, "already_completed", structured(t, again)["status"])
+	require.Equal(t, 1, s.Payments.Executions())
 }

@@ -100,7 +100,7 @@ func (c idemgateConfig) render() ([]byte, error) {
 			// ignores keys (the payments service ignores them on every face).
 			op["downstream_idempotency_header"] = ""
 		}
-		if c.approval != nil && op["name"] == "transfer" {
+		if c.approval != nil && (op["name"] == "transfer" || op["name"] == "transfer_mcp") {
 			op["approval"] = c.approval
 		}
 		if _, isMCP := op["mcp"]; c.upstreamTimeout > 0 && !isMCP {

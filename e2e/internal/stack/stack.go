@@ -69,8 +69,8 @@ type Options struct {
 	// IdemgateConfig adds top-level sections to idemgate.yaml (for
 	// example tracing); see applyIdemgateConfig.
 	IdemgateConfig map[string]any
-	// Approval is set as the approval block of the HTTP transfer operation
-	// (DESIGN section 10) when not nil.
+	// Approval is set as the approval block of the transfer operations
+	// (HTTP and MCP; DESIGN section 10) when not nil.
 	Approval map[string]any
 	// WrapUpstream and EditBootstrap: see attest.go.
 	WrapUpstream  func(http.Handler) http.Handler
