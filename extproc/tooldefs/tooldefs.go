@@ -129,9 +129,20 @@ func operationTools(op *config.Operation, t texts) ([]Tool, error) {
 	for _, p := range op.Params {
 		paramNames = append(paramNames, "`"+p.Path+"`")
 	}
+	statusMsgs := []envelope.Message{envelope.StatusNotStarted, envelope.StatusInProgress, envelope.StatusCompleted,
+		envelope.StatusFailed, envelope.StatusNeedsReconciliation}
+	confirmWhenMsgs := []envelope.Message{envelope.InProgress, envelope.TemporarilyUnavailable}
+	statusWhenMsgs := []envelope.Message{envelope.StatusInProgress, envelope.StatusNeedsReconciliation}
+	if op.Approval != nil {
+		// DESIGN section 10: the model must know that approval_pending
+		// means wait and poll, not preview again.
+		statusMsgs = append(statusMsgs, envelope.StatusApprovalPending, envelope.StatusApprovalGranted,
+			envelope.StatusApprovalDenied, envelope.StatusApprovalExpired)
+		confirmWhenMsgs = append(confirmWhenMsgs, envelope.ApprovalPending)
+		statusWhenMsgs = append(statusWhenMsgs, envelope.StatusApprovalGranted)
+	}
 	var statuses []string
-	for _, m := range []envelope.Message{envelope.StatusNotStarted, envelope.StatusInProgress, envelope.StatusCompleted,
-		envelope.StatusFailed, envelope.StatusNeedsReconciliation} {
+	for _, m := range statusMsgs {
 		s, _ := envelope.SpecOf(m)
 		statuses = append(statuses, "`"+s.Status+"`")
 	}
@@ -156,11 +167,11 @@ func operationTools(op *config.Operation, t texts) ([]Tool, error) {
 		}
 		return strings.Join(parts, t.SentenceSeparator), nil
 	}
-	confirmWhen, err := quote(envelope.InProgress, envelope.TemporarilyUnavailable)
+	confirmWhen, err := quote(confirmWhenMsgs...)
 	if err != nil {
 		return nil, err
 	}
-	statusWhen, err := quote(envelope.StatusInProgress, envelope.StatusNeedsReconciliation)
+	statusWhen, err := quote(statusWhenMsgs...)
 	if err != nil {
 		return nil, err
 	}

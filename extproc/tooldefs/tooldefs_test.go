@@ -580,3 +580,39 @@ func TestNamesOutsideAProviderRuleAreRefused(t *testing.T) {
 	})
 	require.Error(t, Render(&bytes.Buffer{}, nil, Format("gemini")))
 }
+
+// TestApprovalIsExplainedToTheModel (DESIGN section 10): for an operation
+// with approval, the confirm tool quotes approval_pending's instruction
+// (wait, poll the status tool, do not preview again) and the status tool
+// lists the approval states and quotes approval_granted's.
+func TestApprovalIsExplainedToTheModel(t *testing.T) {
+	gated := transferOp + `    approval:
+      rules: [{param: amount, at_least: "1000"}]
+      approvers: {jwt: {issuer: https://idp.example, audience: a, jwks_file: approvers.jwks}}
+`
+	rt, err := parse(t, "", gated)
+	require.NoError(t, err)
+	op := rt.Operations[0]
+	defs, err := Definitions(rt)
+	require.NoError(t, err)
+	byKind := map[config.Kind]Tool{}
+	for _, d := range defs {
+		byKind[d.Kind] = d
+	}
+	_, pending, err := envelopeInstruction(op.Envelopes, envelope.ApprovalPending)
+	require.NoError(t, err)
+	require.Contains(t, pending, "Do not start a new preview")
+	require.Contains(t, byKind[config.KindConfirm].Description, pending)
+	_, granted, err := envelopeInstruction(op.Envelopes, envelope.StatusApprovalGranted)
+	require.NoError(t, err)
+	require.Contains(t, byKind[config.KindStatus].Description, granted)
+	require.Contains(t, byKind[config.KindStatus].Description, "`approval_pending`")
+
+	plain, err := parse(t, "", transferOp)
+	require.NoError(t, err)
+	defs, err = Definitions(plain)
+	require.NoError(t, err)
+	for _, d := range defs {
+		require.NotContains(t, d.Description, "approval", "operations without approval say nothing of it")
+	}
+}
