@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"math/big"
 	"strings"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -66,7 +65,10 @@ func (ex *exchange) gatedConfirm(claims fingerprint.Claims, params fingerprint.P
 		return ex.byApproval(a, claims, headersOnly, 0)
 	}
 	fired := ex.firedRules(params)
-	spends := ex.spends(params)
+	spends, spendRules, unjudged := ex.spends(params)
+	// An amount too large or small for plain digits is not summed: its
+	// rule needs approval.
+	fired = append(fired, unjudged...)
 	switch {
 	case len(fired) == 0 && !budgeted:
 		return ex.acquire(claims, headersOnly)
@@ -91,7 +93,7 @@ func (ex *exchange) gatedConfirm(claims fingerprint.Claims, params fingerprint.P
 			return ex.answer(*ans.Answer, claims, owner, headersOnly, 0)
 		}
 		for _, i := range ans.Exceeded {
-			fired = append(fired, ex.dailyRuleText(i))
+			fired = append(fired, spendRules[i])
 		}
 	default:
 		if _, exists, failed := ex.readRecord(claims.Nonce); failed != nil {
@@ -124,45 +126,38 @@ func (ex *exchange) gatedConfirm(claims fingerprint.Claims, params fingerprint.P
 }
 
 // spends are what this confirm adds to the operation's daily_total
-// budgets, in the order of its daily_total rules (dailyRuleText's index).
+// budgets, with the text of each one's rule (rules[i] is spends[i]'s).
 // A budget is the subject (hashed) and the canonical values of the rule's
-// per params; an absent amount adds 0.
-func (ex *exchange) spends(params fingerprint.Params) []state.Spend {
-	var out []state.Spend
+// per params; an absent amount adds 0. unjudged names the rules whose
+// amount is written with an exponent (beyond plain digits): they are not
+// summed, the confirm needs approval.
+func (ex *exchange) spends(params fingerprint.Params) (out []state.Spend, rules, unjudged []string) {
 	subject := sha256.Sum256([]byte(ex.subject))
 	for _, r := range ex.op.Approval.Rules {
 		if r.DailyTotal == nil {
 			continue
 		}
 		amount := "0"
+		if v := fieldValue(params, r.Param); v != "null" {
+			plain, ok := plainDecimal(v)
+			if !ok {
+				unjudged = append(unjudged, r.Text)
+				continue
+			}
+			amount = plain
+		}
 		per := make([]string, 0, len(r.DailyTotal.Per))
 		for _, p := range r.DailyTotal.Per {
 			per = append(per, p+"="+fieldValue(params, p))
 		}
-		if v := fieldValue(params, r.Param); v != "null" {
-			amount = plainDecimal(v)
-		}
+		rules = append(rules, r.Text)
 		out = append(out, state.Spend{
 			Operation: ex.op.Name,
 			Budget:    r.Param + "\n" + hex.EncodeToString(subject[:]) + "\n" + strings.Join(per, "\n"),
 			Amount:    amount, Over: r.DailyTotal.Over,
 		})
 	}
-	return out
-}
-
-// dailyRuleText is the text of the i-th daily_total rule.
-func (ex *exchange) dailyRuleText(i int) string {
-	for _, r := range ex.op.Approval.Rules {
-		if r.DailyTotal == nil {
-			continue
-		}
-		if i == 0 {
-			return r.Text
-		}
-		i--
-	}
-	return "daily total"
+	return out, rules, unjudged
 }
 
 // fieldValue is the canonical JSON of the bound param at path ("null" when
@@ -176,26 +171,15 @@ func fieldValue(params fingerprint.Params, path string) string {
 	return "null"
 }
 
-// plainDecimal writes a canonical decimal (which may use an exponent) as
-// plain digits, exactly; text that is no decimal is returned as is (the
-// store then refuses it: temporarily_unavailable, nothing executed).
-func plainDecimal(s string) string {
+// plainDecimal reads a canonical decimal written in plain digits ("-12.5");
+// one with an exponent (the canonical form of very large or very small
+// values) is not accepted, so no arithmetic ever expands it.
+func plainDecimal(s string) (string, bool) {
 	s = strings.Trim(s, `"`)
-	r, ok := new(big.Rat).SetString(s)
-	if !ok {
-		return s
+	if _, ok := state.ParseAmount(s); !ok {
+		return "", false
 	}
-	for prec := 0; prec <= 64; prec++ {
-		if out := r.FloatString(prec); ratEqual(out, r) {
-			return out
-		}
-	}
-	return s
-}
-
-func ratEqual(text string, r *big.Rat) bool {
-	v, ok := new(big.Rat).SetString(text)
-	return ok && v.Cmp(r) == 0
+	return s, true
 }
 
 // byApproval answers from the nonce's approval. attempt bounds the

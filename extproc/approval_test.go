@@ -483,3 +483,21 @@ func runDailyTotal(t *testing.T, e *env, approvals approvalStore) {
 	require.Nil(t, confirm("user-alice", `"2000.01"`, "EUR", fp2, p.handle).immediate)
 	require.Equal(t, 4, p.Executions())
 }
+
+// TestApprovalDailyTotalExponentAmount: an amount the canonical form writes
+// with an exponent (here a tiny one, 1e-30) is never expanded for summing;
+// its rule needs approval.
+func TestApprovalDailyTotalExponentAmount(t *testing.T) {
+	clk := newClock()
+	m := memory.New(memory.Options{Now: clk.Now})
+	e := newApprovalEnvYAML(t, dailyYAML, m, m, clk)
+	d := fakeDialer{srv: e.srv}
+	res := do(t, d, post("/v1/transfers/preview", "user-alice", transferBody(`1e-30`, "EUR", "DE89", "")), previewOK)
+	fp, _ := res.json(t)["fingerprint"].(string)
+	require.NotEmpty(t, fp, string(res.body))
+	res = do(t, d, post("/v1/transfers/confirm", "user-alice", transferBody(`1e-30`, "EUR", "DE89", fp)), neverCalled(t))
+	id := requireEnvelope(t, res, 202, "approval_pending", true)["approval_id"].(string)
+	a, _, err := m.GetApproval(t.Context(), id)
+	require.NoError(t, err)
+	require.Equal(t, []string{"daily total of amount per currency > 5000.00"}, a.Rules)
+}
