@@ -48,6 +48,7 @@ func approvalStack(t *testing.T) (*stack.Stack, func(id, sub string) int) {
 			strings.NewReader(`{"reason":"payee verified by phone"}`))
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+signed+"."+b64.EncodeToString(ed25519.Sign(key, []byte(signed))))
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		resp.Body.Close()

@@ -25,6 +25,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"sort"
 	"strings"
@@ -43,7 +44,8 @@ const (
 	ReasonUnknownApproval = "approval_unknown"
 	ReasonLapsedApproval  = "approval_lapsed"
 	// ReasonForgedForm: a page form post without the token of the page
-	// the approver loaded (cross-site request forgery).
+	// the approver loaded, or a decision posted to the JSON API as
+	// anything but application/json (cross-site request forgery).
 	ReasonForgedForm = "approval_form_forged"
 )
 
@@ -243,6 +245,15 @@ func (h *Handler) show(w http.ResponseWriter, r *http.Request, id string, ops ma
 }
 
 func (h *Handler) decide(w http.ResponseWriter, r *http.Request, id string, approve bool, subject string, ops map[string]bool) {
+	// Only application/json: a form on another site can post text/plain
+	// that parses as JSON through the approver's SSO session, but cannot
+	// send application/json without a CORS preflight, which is never
+	// granted.
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		h.report(r, security.Event{Reason: ReasonForgedForm, Request: "POST " + quoteCut(r.URL.Path) + " as " + quoteCut(r.Header.Get("Content-Type"))})
+		writeError(w, http.StatusUnsupportedMediaType, "json_required", "send the decision as Content-Type: application/json")
+		return
+	}
 	var body struct {
 		Reason string `json:"reason"`
 	}

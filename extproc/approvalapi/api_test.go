@@ -119,6 +119,9 @@ func (f *fixture) call(t *testing.T, method, path, token, body string) (int, map
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	res, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer res.Body.Close()
@@ -202,6 +205,21 @@ func runAPI(t *testing.T, store statetest.ApprovalStore) {
 		require.Equal(t, 403, code)
 		require.Equal(t, "approval_forbidden", body["error"])
 		require.Equal(t, []string{ReasonSelfApproval}, f.events.take())
+	})
+
+	t.Run("a decision is JSON only (a cross-site text/plain form cannot post one)", func(t *testing.T) {
+		req, err := http.NewRequestWithContext(t.Context(), "POST", f.srv.URL+path+"/approve", strings.NewReader(`{"reason":"x="}`))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+alice)
+		req.Header.Set("Content-Type", "text/plain")
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		res.Body.Close()
+		require.Equal(t, http.StatusUnsupportedMediaType, res.StatusCode)
+		require.Equal(t, []string{ReasonForgedForm}, f.events.take())
+		got, _, err := store.GetApproval(t.Context(), a.ID)
+		require.NoError(t, err)
+		require.Len(t, got.Events, 1, "nothing decided")
 	})
 
 	t.Run("a reason is required", func(t *testing.T) {

@@ -96,6 +96,7 @@ operations:
 		req, err := http.NewRequestWithContext(t.Context(), "POST", "http://"+approvalAddr+"/v1/approvals/"+id+"/approve", strings.NewReader(`{"reason":"payee verified"}`))
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+token(sub))
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		resp.Body.Close()
