@@ -18,17 +18,26 @@ func (ex *exchange) complete(call storeCall, body []byte) {
 	}
 	span := ex.traceChild(spanComplete)
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
-	ans, err := ex.srv.store.Complete(ctx, ex.claim, state.Completion{
+	completion := state.Completion{
 		State:     st,
 		Result:    state.Result{Status: ex.respStatus, Headers: ex.respHeaders, Body: body, Ref: ex.recordedRef(body, ex.claim.Key)},
 		Retention: ex.srv.cfg.TTL.Terminal,
-	})
+	}
+	ans, err := ex.srv.store.Complete(ctx, ex.claim, completion)
 	cancel()
 	ex.traceChildEnd(span, err)
 	switch {
 	case err != nil:
-		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, "error").Inc()
-		ex.logger().Error("failed to record the upstream result; the record stays IN_FLIGHT until its lease ends", "error", err, "upstream_status", ex.respStatus)
+		ex.logger().Error("failed to record the upstream result; retrying in the background (the record stays IN_FLIGHT until one lands)", "error", err, "upstream_status", ex.respStatus)
+		// The body is the stream's buffer, reused once the stream ends.
+		completion.Result.Body = append([]byte(nil), body...)
+		op, log := ex.op.Name, ex.logger()
+		ex.srv.abandons.completeLater(ex.ctx, ex.claim, completion, func(r string) {
+			ex.srv.metrics.settlements.WithLabelValues(op, r).Inc()
+			if r == "error" {
+				log.Error("could not record the upstream result; the record stays IN_FLIGHT until its lease ends and a retry takes it over", "upstream_status", completion.Result.Status)
+			}
+		})
 	case ans.Outcome == state.OutcomeOK:
 		ex.srv.metrics.settlements.WithLabelValues(ex.op.Name, result).Inc()
 	case ans.Outcome == state.OutcomeNotOwner:
