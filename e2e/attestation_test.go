@@ -172,9 +172,8 @@ func breakRoutes(bootstrap []byte) ([]byte, error) {
 				hcm := dig[map[string]any](f, "typed_config")
 				extProc := ""
 				for _, hf := range dig[[]any](hcm, "http_filters") {
-					// ext_proc, or ext_proc inside the shipped path matcher.
-					if strings.HasSuffix(dig[string](hf, "typed_config", "@type"), ".ext_proc.v3.ExternalProcessor") ||
-						strings.HasSuffix(dig[string](hf, "typed_config", "extension_config", "typed_config", "@type"), ".ext_proc.v3.ExternalProcessor") {
+					// ext_proc, or ext_proc delegated to by the shipped composite.
+					if strings.Contains(fmt.Sprint(hf), ".ext_proc.v3.ExternalProcessor") {
 						extProc = dig[string](hf, "name")
 					}
 				}

@@ -427,8 +427,8 @@ func idemgateDecisions(t *testing.T, s *stack.Stack) float64 {
 }
 
 // TestEnvoyOtherPathsNeverReachIdemgate: a request whose path cannot name
-// an operation opens no ext_proc stream at all (the filter's matcher skips
-// it) — the health check and the catch-all route to the payments API —
+// an operation opens no ext_proc stream at all (the composite's matcher
+// runs no ext_proc for it) — the health check and the catch-all route to the payments API —
 // while every other spelling of an operation path does, on whatever route,
 // and idemgate refuses it before the upstream.
 func TestEnvoyOtherPathsNeverReachIdemgate(t *testing.T) {

@@ -287,7 +287,7 @@ func TestChecksCatchBrokenConfigs(t *testing.T) {
 		{"matcher matches the exact paths only", "near-miss operation paths never reach an upstream unguarded", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
 			// Each operation path exactly (what per-route enabling would give):
 			// the near misses on the catch-all skip idemgate.
-			or := extProcFilter(t, g).Matcher.GetMatcherList().GetMatchers()[0].GetPredicate().GetNotMatcher().GetOrMatcher()
+			or := extProcFilter(t, g).Matcher.GetMatcherList().GetMatchers()[0].GetPredicate().GetOrMatcher()
 			for _, p := range or.Predicate[1:] {
 				vm := p.GetSinglePredicate().GetValueMatch()
 				vm.MatchPattern = &xdsmatcherv3.StringMatcher_Exact{Exact: vm.GetPrefix()}

@@ -93,14 +93,14 @@ func TestEnvoyValidateRejectsBrokenConfigs(t *testing.T) {
 	}
 	t.Run("the snippet's matcher action with another type", func(t *testing.T) {
 		snippet := string(FilterSnippetYAML())
-		skip := "matcher.action.v3.SkipFilter"
-		require.Equal(t, 1, strings.Count(snippet, skip))
-		broken := strings.Replace(snippet, skip, "matcher.action.v3.SkipFilte", 1)
+		action := "composite.v3.ExecuteFilterAction"
+		require.Equal(t, 1, strings.Count(snippet, action))
+		broken := strings.Replace(snippet, action, "composite.v3.ExecuteFilterActio", 1)
 		_, err := envoytest.PasteIntoBootstrap([]byte(broken), envoytest.PasteOptions{UpstreamAddr: "127.0.0.1:8081"})
 		require.NoError(t, err, "pasting does not decode the Anys")
 		out, err := envoytest.ValidateConfig(bin, snippetBootstrap(t, []byte(broken)), t.TempDir())
 		require.Error(t, err)
-		require.Contains(t, out, "SkipFilte")
+		require.Contains(t, out, "ExecuteFilterActio")
 	})
 }
 

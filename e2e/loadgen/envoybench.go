@@ -49,7 +49,7 @@ const (
 var envoyColumnDescriptions = map[string]string{
 	evPlain:         "(a) Envoy routing to the upstream with no ext_proc: the shipped envoy.yaml with the ext_proc filter taken out of the chain (header_mutation and jwt_authn stay). Preview requests.",
 	evPlainOther:    "(a) as envoy, POST " + otherPath + " (a path no operation guards; the upstream answers it like a preview).",
-	evAttachedOther: "(c) the Envoy that carries idemgate (the shipped envoy.yaml: ext_proc inside its path matcher), POST " + otherPath + ": the matcher skips ext_proc, no stream is opened. What attaching idemgate costs the rest of an API.",
+	evAttachedOther: "(c) the Envoy that carries idemgate (the shipped envoy.yaml: ext_proc delegated to by a composite filter on its path matcher), POST " + otherPath + ": the matcher selects nothing, no ext_proc filter is created and no stream is opened. What attaching idemgate costs the rest of an API.",
 	evNoop:          "(b) Envoy + a no-op ext_proc server (this tool with -serve noop, on idemgate's gRPC transport: extproc.TransportOptions) answering every message with an empty CONTINUE; the shipped filter config and body modes (4 messages per request). Preview requests.",
 	evIO:            "(b) plus the naive store round trips: Envoy + the I/O floor server (CONTINUE to everything, plus per request an acquire-like EVALSHA and a PostgreSQL INSERT at the request body, an UPDATE and a complete-like EVALSHA at the response body) on the same Redis and PostgreSQL as idemgate. Preview requests.",
 	evPreview:       "(c) Envoy + idemgate, preview: idemgate signs a fingerprint into the upstream's quote (no store call). Expected: 200 with Idempotency-Fingerprint.",
@@ -637,7 +637,7 @@ func (e *envoyBench) finish() {
 			Note: "against (b) plus the naive store round trips (the same 4 round trips, one after the other, on the same Redis and PostgreSQL)."},
 		{Name: "envoy+noop / envoy", Num: evNoop, Den: evPlain, Note: "what an ext_proc stream costs Envoy itself, with a server that does nothing."},
 		{Name: "envoy+idemgate other-path / envoy other-path", Num: evAttachedOther, Den: evPlainOther, Target: 0.95, TargetConcurrency: at,
-			Note: "what attaching idemgate costs a request it does not guard: the filter's matcher skips ext_proc (no stream)."},
+			Note: "what attaching idemgate costs a request it does not guard: the composite runs no ext_proc (no filter, no stream)."},
 		{Name: "envoy+preview / envoy", Num: evPreview, Den: evPlain, Target: 0.45, TargetConcurrency: at,
 			Note: "a guarded preview against Envoy alone: 4 ext_proc messages (request headers and body, response headers and body)."},
 		{Name: "envoy+replay / envoy", Num: evReplay, Den: evPlain, Note: "2 ext_proc messages; idemgate answers, the upstream is not called."},

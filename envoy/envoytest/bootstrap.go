@@ -9,7 +9,6 @@ import (
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -241,25 +240,13 @@ func setMessageTimeout(h *hcmv3.HttpConnectionManager, d time.Duration) error {
 		if f.GetName() != ExtProcFilter {
 			continue
 		}
-		var ewm matchingv3.ExtensionWithMatcher
-		if err := f.GetTypedConfig().UnmarshalTo(&ewm); err != nil {
-			return fmt.Errorf("failed to decode the ext_proc filter's matcher: %w", err)
-		}
-		var ep extprocv3.ExternalProcessor
-		if err := ewm.GetExtensionConfig().GetTypedConfig().UnmarshalTo(&ep); err != nil {
-			return fmt.Errorf("failed to decode the ext_proc filter: %w", err)
-		}
-		ep.MessageTimeout = durationpb.New(d)
-		inner, err := anypb.New(&ep)
+		edited, err := EditWrapped(f.GetTypedConfig(), func(ep *extprocv3.ExternalProcessor) {
+			ep.MessageTimeout = durationpb.New(d)
+		})
 		if err != nil {
-			return fmt.Errorf("failed to encode the ext_proc filter: %w", err)
+			return err
 		}
-		ewm.ExtensionConfig.TypedConfig = inner
-		packed, err := anypb.New(&ewm)
-		if err != nil {
-			return fmt.Errorf("failed to encode the ext_proc filter's matcher: %w", err)
-		}
-		f.ConfigType = &hcmv3.HttpFilter_TypedConfig{TypedConfig: packed}
+		f.ConfigType = &hcmv3.HttpFilter_TypedConfig{TypedConfig: edited}
 		return nil
 	}
 	return fmt.Errorf("envoy.yaml has no %s filter", ExtProcFilter)

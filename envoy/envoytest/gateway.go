@@ -33,12 +33,16 @@ type Gateway struct {
 }
 
 // Filter is one HTTP filter of the connection manager. A filter wrapped in
-// an ExtensionWithMatcher is the wrapped filter's config, with the matcher
-// that decides when it runs (RunsFor).
+// an ExtensionWithMatcher (directly, or as the filter a composite delegates
+// to) is the wrapped filter's config, with the matcher that decides when it
+// runs (RunsFor).
 type Filter struct {
 	Name    string
 	Config  proto.Message
 	Matcher *xdsmatcherv3.Matcher
+	// Delegated: the filter runs only where the matcher executes it (a
+	// composite filter's ExecuteFilterAction), not by default.
+	Delegated bool
 }
 
 // DecodeBootstrap decodes and validates a bootstrap YAML (see UnmarshalYAML)
@@ -101,11 +105,11 @@ func UnpackFilters(in []*hcmv3.HttpFilter) ([]Filter, error) {
 		if err != nil {
 			return nil, fmt.Errorf("failed to unpack http filter %q: %w", f.GetName(), err)
 		}
-		inner, matcher, err := unwrapMatcher(m)
+		inner, matcher, delegated, err := unwrapMatcher(m)
 		if err != nil {
 			return nil, fmt.Errorf("http filter %q: %w", f.GetName(), err)
 		}
-		out = append(out, Filter{Name: f.GetName(), Config: inner, Matcher: matcher})
+		out = append(out, Filter{Name: f.GetName(), Config: inner, Matcher: matcher, Delegated: delegated})
 	}
 	return out, nil
 }

@@ -7,8 +7,13 @@
 // envoy/ext_proc-filter.yaml is its output for envoy/idemgate.yaml.
 //
 // The shape, and why:
-//   - ext_proc sits inside an ExtensionWithMatcher that skips it for every
-//     request whose :path cannot name a guarded path. A request that can
+//   - ext_proc is delegated to by a composite filter (an ExtensionWithMatcher
+//     around envoy.filters.http.composite whose action is ExecuteFilterAction)
+//     only for a request whose :path can name a guarded path. The composite
+//     creates no ext_proc filter for any other request; a SkipFilter action on
+//     ext_proc itself would still create one per request and cost Envoy about
+//     7 µs of CPU each (measured: Envoy alone 46, composite 50, skip 54 µs per
+//     POST with 2 workers). A request that can
 //     (any method, any spelling a lenient upstream router may map to the
 //     guarded handler, anything percent-encoded or with dot segments) opens a
 //     stream whatever route it takes, and idemgate refuses the spellings and

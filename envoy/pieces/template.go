@@ -66,66 +66,71 @@ http_filters:
 - name: idemgate
   typed_config:
     "@type": type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher
-    # Skip ext_proc unless :path could name a guarded path (see the header above).
+    # A composite filter that runs ext_proc only when :path could name a guarded path (see
+    # the header above). For every other request the composite does nothing and no ext_proc
+    # filter is even created: no stream, no cost.
     xds_matcher:
       matcher_list:
         matchers:
         - predicate:
-            not_matcher:
-              or_matcher:
-                predicate:
+            or_matcher:
+              predicate:
 {{- range .Predicates}}
-                - single_predicate:
-                    input:
-                      name: request-path
-                      typed_config:
-                        "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
-                        header_name: ":path"
-                    value_match:
+              - single_predicate:
+                  input:
+                    name: request-path
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                      header_name: ":path"
+                  value_match:
 {{- if .Prefix}}
-                      prefix: {{q .Prefix}}
-                      ignore_case: true
+                    prefix: {{q .Prefix}}
+                    ignore_case: true
 {{- else}}
-                      safe_regex: {google_re2: {}, regex: {{q .Regex}}}
+                    safe_regex: {google_re2: {}, regex: {{q .Regex}}}
 {{- end}}
 {{- end}}
           on_match:
             action:
-              name: skip-idemgate
+              name: run-idemgate
               typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter
+                "@type": type.googleapis.com/envoy.extensions.filters.http.composite.v3.ExecuteFilterAction
+                typed_config:
+                  name: envoy.filters.http.ext_proc
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+                    grpc_service:
+                      envoy_grpc: {cluster_name: idemgate}
+                      # No GrpcService.timeout: one stream lives for the whole request; message_timeout
+                      # is the per-message deadline.
+                    # Never fail open: with true, an idemgate outage lets a confirm reach the upstream
+                    # unguarded (no acquire, no Idempotency-Key, no record) and the next retry pays twice.
+                    # With false Envoy answers 500 (504 on timeout) and nothing is executed.
+                    failure_mode_allow: false
+                    # >= 4 x idemgate store.timeout ({{millis .StoreTimeout}}), and below every route timeout.
+                    message_timeout: {{seconds .MessageTimeout}}
+                    # idemgate switches off per request the phases it does not need (mode_override):
+                    # everything after the headers of a refused or unguarded request, the response body
+                    # of a non-2xx preview or an ambiguous confirm. A guarded request needs the rest:
+                    # the request body (params, fingerprint) before the upstream sees anything, the
+                    # response headers (status; a preview's Idempotency-Fingerprint header) and body.
+                    allow_mode_override: true
+                    processing_mode:
+                      request_header_mode: SEND
+                      response_header_mode: SEND
+                      request_body_mode: BUFFERED
+                      response_body_mode: BUFFERED
+                      request_trailer_mode: SKIP
+                      response_trailer_mode: SKIP
+            {{- if .MetadataNS}}
+                    metadata_options:
+                      forwarding_namespaces:
+                        untyped: [{{.MetadataNS}}]
+            {{- end}}
     extension_config:
-      name: envoy.filters.http.ext_proc
+      name: envoy.filters.http.composite
       typed_config:
-        "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-        grpc_service:
-          envoy_grpc: {cluster_name: idemgate}
-          # No GrpcService.timeout: one stream lives for the whole request; message_timeout
-          # is the per-message deadline.
-        # Never fail open: with true, an idemgate outage lets a confirm reach the upstream
-        # unguarded (no acquire, no Idempotency-Key, no record) and the next retry pays twice.
-        # With false Envoy answers 500 (504 on timeout) and nothing is executed.
-        failure_mode_allow: false
-        # >= 4 x idemgate store.timeout ({{millis .StoreTimeout}}), and below every route timeout.
-        message_timeout: {{seconds .MessageTimeout}}
-        # idemgate switches off per request the phases it does not need (mode_override):
-        # everything after the headers of a refused or unguarded request, the response body
-        # of a non-2xx preview or an ambiguous confirm. A guarded request needs the rest:
-        # the request body (params, fingerprint) before the upstream sees anything, the
-        # response headers (status; a preview's Idempotency-Fingerprint header) and body.
-        allow_mode_override: true
-        processing_mode:
-          request_header_mode: SEND
-          response_header_mode: SEND
-          request_body_mode: BUFFERED
-          response_body_mode: BUFFERED
-          request_trailer_mode: SKIP
-          response_trailer_mode: SKIP
-{{- if .MetadataNS}}
-        metadata_options:
-          forwarding_namespaces:
-            untyped: [{{.MetadataNS}}]
-{{- end}}
+        "@type": type.googleapis.com/envoy.extensions.filters.http.composite.v3.Composite
 
 # 3. static_resources.clusters (or your CDS): the gRPC cluster, explicitly HTTP/2.
 clusters:
