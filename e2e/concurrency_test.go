@@ -12,7 +12,7 @@ import (
 	"github.com/idemgate/idemgate/e2e/payments"
 )
 
-// TestConcurrentIdenticalConfirmsExecuteOnce (seed section 十, 并发压测): many
+// TestConcurrentIdenticalConfirmsExecuteOnce (并发压测): many
 // parallel confirms of one fingerprint execute exactly once and leave one
 // PostgreSQL row; every other answer is the replay of that one result or
 // "in progress, poll the status tool" — never a 5xx, never a second run.

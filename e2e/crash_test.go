@@ -91,7 +91,7 @@ func ledgerEntry(t *testing.T, s *stack.Stack) []byte {
 	return body
 }
 
-// TestCrashBetweenExecutionAndRecord (seed section 十, 崩溃注入): idemgate is
+// TestCrashBetweenExecutionAndRecord (崩溃注入): idemgate is
 // killed -9 after the upstream executed and before the response reached it.
 // The retry never gets a bare "duplicate" error and nothing executes twice:
 // with a downstream that honours keys, the retry takes over once the lease

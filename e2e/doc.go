@@ -1,6 +1,8 @@
-// Package e2e holds idemgate's end-to-end tests: the list of section 十 of
-// the seed note (../shared/seed, "怎么测"), the failures docs/design.md promises
-// to survive, and contract tests of what the real Envoy does around
+// Package e2e holds idemgate's end-to-end tests: the failures that matter
+// most for a money-moving call (concurrent confirms, a crash between execution
+// and record, a flushed cache, tampered params, another user's fingerprint,
+// the expiry boundary, a stale owner's late answer), the failures
+// docs/design.md promises to survive, and contract tests of what the real Envoy does around
 // idemgate. Each test runs against a complete deployment of its own.
 //
 // Every test starts one stack (package e2e/internal/stack):
@@ -96,7 +98,7 @@
 //	confirm path spellings: checked or refused            TestEnvoyConfirmPathVariants
 //	... and what slips past without path normalisation    TestEnvoyWithoutPathNormalisationConfirmsSlipPast
 //
-// Where Envoy 1.40 differs from ../shared/reference/envoy-ext-proc-behaviour.md
+// Where Envoy 1.40 differs from what its ext_proc documentation suggests,
 // the tests follow the binary: Envoy's own local replies do reach
 // ext_proc's response phase — the router's 504 (route timeout) and 503
 // (reset) and the 413 of a request over the buffer limit on the request's

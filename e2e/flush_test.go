@@ -11,7 +11,7 @@ import (
 	"github.com/idemgate/idemgate/e2e/internal/stack"
 )
 
-// TestReplayAfterRedisFlushall (seed section 十, 缓存清空): Redis is only the
+// TestReplayAfterRedisFlushall (缓存清空): Redis is only the
 // fast path. After FLUSHALL on the (test-owned) Redis, PostgreSQL's record
 // still answers the retry with the original result, byte for byte, and
 // nothing executes again.

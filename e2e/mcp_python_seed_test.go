@@ -18,7 +18,7 @@ import (
 	"github.com/idemgate/idemgate/e2e/payments"
 )
 
-// The seed's section 十 over MCP again, with the official Python SDK client
+// The failures that matter most (doc.go) over MCP again, with the official Python SDK client
 // (testdata/mcp_python_agent.py, driven one command at a time so that the
 // faults go in between its calls), with the upstream answering JSON and SSE.
 

@@ -16,7 +16,7 @@ import (
 	"github.com/idemgate/idemgate/e2e/payments"
 )
 
-// The seed's section 十 over MCP, with the official Go SDK client, with the
+// The failures that matter most (doc.go) over MCP, with the official Go SDK client, with the
 // upstream answering JSON and SSE.
 
 func forEachMCPMode(t *testing.T, run func(t *testing.T, sse bool)) {

@@ -10,7 +10,7 @@ import (
 	"github.com/idemgate/idemgate/e2e/internal/stack"
 )
 
-// TestStaleOwnersLateAnswerDoesNotOverwrite (seed section 十, 乱序): the
+// TestStaleOwnersLateAnswerDoesNotOverwrite (乱序): the
 // first confirm is slow at the upstream, its lease (ttl.in_flight 2s) ends,
 // a retry takes over (same key) and completes DONE. Then the first call's
 // late answer arrives — a definite failure — and its completion is refused

@@ -19,7 +19,7 @@ func requireSecurityAlert(t *testing.T, s *stack.Stack, reason, traceID string) 
 	}, 10*time.Second, 20*time.Millisecond, "no event=security_alert reason=%s line for trace_id %s", reason, traceID)
 }
 
-// TestTamperedParamsAreRefusedAndReported (seed section 十, 参数篡改): a
+// TestTamperedParamsAreRefusedAndReported (参数篡改): a
 // fingerprint bound to 100.00 EUR to acct_bob never confirms different money
 // params — refused with 422 params_changed naming the fields, nothing
 // executed, and logged as a security event, not a business error. Free text
@@ -86,7 +86,7 @@ func TestTamperedParamsAreRefusedAndReported(t *testing.T) {
 	requireRowCounts(t, s, map[string]int{"DONE": 1})
 }
 
-// TestAnotherUsersFingerprintIsRefused (seed section 十, 越权重放): alice's
+// TestAnotherUsersFingerprintIsRefused (越权重放): alice's
 // fingerprint under bob's identity is refused with 403 and reported; bob
 // cannot claim to be alice with the subject header either, because Envoy
 // strips it and sets it from the verified JWT.

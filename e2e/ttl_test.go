@@ -14,7 +14,7 @@ import (
 // in whole seconds and valid while now <= exp.
 const boundaryMargin = 250 * time.Millisecond
 
-// TestFingerprintExpiryBoundary (seed section 十, TTL 边界): with
+// TestFingerprintExpiryBoundary (TTL 边界): with
 // ttl.fingerprint 3s, a confirm sent one second before exp is accepted and
 // executes; one sent one second after exp is refused with 410
 // fingerprint_expired, and nothing runs for it.
@@ -62,7 +62,7 @@ func sleepUntil(t time.Time) {
 // TestLateRetryAfterExpiryReplaysTheResult: an agent whose workflow stalled
 // (or whose context was compacted) comes back after the fingerprint expired
 // and confirms again with the same fingerprint. The transfer already ran.
-// Seed sections 四 and 六: the retry must get the first execution's result
+// The retry must get the first execution's result
 // (the terminal TTL exists for exactly these late retries) — never "nothing
 // was executed, ask the user to confirm again", which leads the agent to a
 // second preview, a second confirmation and a second payment.

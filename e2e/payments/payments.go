@@ -18,7 +18,7 @@
 //
 // and POST /mcp, the same preview and confirm as MCP tools (see mcp.go).
 //
-// Idempotency follows section 五 of the seed note: the Idempotency-Key is a
+// Idempotency as a payments API should do it: the Idempotency-Key is a
 // unique key in the server's own store, reserved in the same step as the
 // business execution. A confirm whose key already exists does not fail with a
 // duplicate error: it gets the existing record back, with the same status and

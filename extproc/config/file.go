@@ -72,7 +72,7 @@ type StoreCalls struct {
 	Timeout string `yaml:"timeout"`
 }
 
-// TTL holds the three lifetimes of DESIGN section 3 / seed section 六.
+// TTL holds the three lifetimes of docs/design.md §3.
 type TTL struct {
 	Fingerprint string `yaml:"fingerprint"`
 	InFlight    string `yaml:"in_flight"`

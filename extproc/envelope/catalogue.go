@@ -2,8 +2,7 @@ package envelope
 
 // The built-in texts. They are prompts as much as messages: the reader is an
 // LLM agent that decides its next step from them, so every instruction says
-// plainly whether to call the same tool again and what to do instead
-// (seed note, section 八).
+// plainly whether to call the same tool again and what to do instead.
 var catalogues = map[string]map[Message]Text{
 	"en": {
 		AlreadyCompleted: {

@@ -1,7 +1,7 @@
 // Package security reports security events: a confirm whose parameters
 // drifted from the preview, a fingerprint presented by the wrong user, a
 // forged or foreign MAC, a store that holds the nonce under other parameters.
-// These are not business errors (seed note, section 十): each one is a
+// These are not business errors: each one is a
 // structured log line carrying the literal event=security_alert, a counter
 // by reason, and — when configured — a webhook POST that never blocks the
 // request that triggered it.

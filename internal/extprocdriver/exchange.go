@@ -11,8 +11,7 @@
 // end_of_stream true) → reply → [the upstream] → response_headers → reply →
 // response_body → reply, metadata_context on every message, each message
 // sent only after the previous reply arrived. What the server answers is
-// honoured the way Envoy honours it (sections 4–8 of
-// shared/reference/envoy-ext-proc-behaviour.md): an ImmediateResponse ends
+// honoured the way Envoy honours it (as its ext_proc filter does in 1.40): an ImmediateResponse ends
 // the request with its status; a mode_override in a headers reply changes
 // the phases still to come; CONTINUE_AND_REPLACE ends that direction's body;
 // a body replacement whose content-length does not match is a 500; a reply
