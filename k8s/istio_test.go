@@ -8,7 +8,6 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -20,7 +19,6 @@ import (
 	securityv1 "istio.io/api/security/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/idemgate/idemgate/envoy"
 	"github.com/idemgate/idemgate/envoy/envoytest"
 )
 
@@ -47,7 +45,6 @@ type decodedPatches struct {
 	extProc        *hcmv3.HttpFilter // INSERT_BEFORE envoy.filters.http.router
 	cluster        *clusterv3.Cluster
 	hcmMerge       *hcmv3.HttpConnectionManager // partial, merged into Istio's
-	defaultMerge   *routev3.Route               // partial, merged into Istio's `default` route
 	insertedRoutes []*routev3.Route             // INSERT_BEFORE `default`, in order
 }
 
@@ -95,17 +92,12 @@ func decodePatches(t *testing.T, ef *networkingv1alpha3.EnvoyFilter) decodedPatc
 			// (inbound|http|80), not the container port the patch is scoped
 			// to; a name that disagrees makes the patch silently not apply.
 			require.Empty(t, rc.GetVhost().GetName(), "patch %d: match the route, not the virtual host's name", i)
+			// Only inserted routes: idemgate's matcher decides where it runs,
+			// so no route (Istio's `default` included) switches it off.
+			require.Equal(t, networkingv1alpha3.EnvoyFilter_Patch_INSERT_BEFORE, op, "patch %d: unexpected HTTP_ROUTE %v", i, op)
 			var r routev3.Route
-			switch op {
-			case networkingv1alpha3.EnvoyFilter_Patch_MERGE:
-				require.NoError(t, envoytest.UnmarshalPartialJSON(js, &r), "patch %d", i)
-				out.defaultMerge = &r
-			case networkingv1alpha3.EnvoyFilter_Patch_INSERT_BEFORE:
-				require.NoError(t, envoytest.UnmarshalJSON(js, &r), "patch %d", i)
-				out.insertedRoutes = append(out.insertedRoutes, &r)
-			default:
-				t.Fatalf("patch %d: unexpected HTTP_ROUTE %v", i, op)
-			}
+			require.NoError(t, envoytest.UnmarshalJSON(js, &r), "patch %d", i)
+			out.insertedRoutes = append(out.insertedRoutes, &r)
 		default:
 			t.Fatalf("patch %d: unexpected applyTo %v", i, p.GetApplyTo())
 		}
@@ -114,7 +106,6 @@ func decodePatches(t *testing.T, ef *networkingv1alpha3.EnvoyFilter) decodedPatc
 	require.NotNil(t, out.extProc)
 	require.NotNil(t, out.cluster)
 	require.NotNil(t, out.hcmMerge)
-	require.NotNil(t, out.defaultMerge)
 	require.NotEmpty(t, out.insertedRoutes)
 	return out
 }
@@ -128,9 +119,9 @@ func itoa(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
 
 // assembleInbound builds the inbound HTTP connection manager the way Istio
 // will after applying the patches: its own filters reduced to what matters
-// (strip first, ext_proc right before the router), our routes before its
-// `default` route (prefix "/", no timeout) with the MERGE applied. The
-// envoy/ invariants then run on it unchanged.
+// (strip first, idemgate right before the router), our routes before its
+// `default` route (prefix "/", no timeout). The envoy/ invariants then run on
+// it unchanged.
 func assembleInbound(t *testing.T, d decodedPatches, port uint32) *envoytest.Gateway {
 	t.Helper()
 	def := &routev3.Route{
@@ -138,7 +129,6 @@ func assembleInbound(t *testing.T, d decodedPatches, port uint32) *envoytest.Gat
 		Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
 		Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: inboundCluster(port)}, Timeout: durationpb.New(0)}},
 	}
-	proto.Merge(def, d.defaultMerge)
 	hcm := proto.Clone(d.hcmMerge).(*hcmv3.HttpConnectionManager)
 	hcm.RouteSpecifier = &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
 		Name: inboundCluster(port),
@@ -187,30 +177,20 @@ func TestIstioEnvoyFilter(t *testing.T) {
 			}
 		}
 	})
-	t.Run("ext_proc and cluster equal envoy/ext_proc-filter.yaml's; the per-route switch disables it", func(t *testing.T) {
-		// The pieces wrap ext_proc in a path matcher; Istio's EnvoyFilter
-		// inserts it bare and switches it off per route (its routes refuse
-		// the near misses), under its own name (idemgate.ext_proc, to avoid
-		// collisions in a mesh). The ext_proc settings are the same.
-		pieces, err := envoytest.DecodePieces(envoy.FilterSnippetYAML())
-		require.NoError(t, err)
-		unpacked, err := envoytest.UnpackFilters(pieces.Filters)
-		require.NoError(t, err)
-		var ep extprocv3.ExternalProcessor
-		require.NoError(t, patches.extProc.GetTypedConfig().UnmarshalTo(&ep))
-		want := unpacked[0].Config.(*extprocv3.ExternalProcessor)
-		if want.GetMetadataOptions() == nil {
-			// The pieces forward metadata only to a config that reads the
-			// subject from it; the EnvoyFilter also forwards jwt_authn's for
-			// one that switches to subject.metadata.
-			require.Equal(t, []string{"envoy.filters.http.jwt_authn"}, ep.GetMetadataOptions().GetForwardingNamespaces().GetUntyped())
-			ep.MetadataOptions = nil
+	t.Run("the filters and the cluster are `idemgate envoy-config`'s for the config beside them", func(t *testing.T) {
+		// One shape: the EnvoyFilter inserts exactly the pieces' filters
+		// and cluster, generated from the overlay's idemgate.yaml.
+		p := renderPieces(t, objs, inboundCluster(uint32(appPort)))
+		require.Len(t, p.FiltersBeforeAuthentication, 1)
+		require.True(t, proto.Equal(p.FiltersBeforeAuthentication[0], patches.stripSubject), "subject strip differs from the pieces'")
+		require.Len(t, p.Filters, 1)
+		require.True(t, proto.Equal(p.Filters[0], patches.extProc), "idemgate filter differs from the pieces'")
+		require.True(t, proto.Equal(p.Clusters[0], patches.cluster), "idemgate cluster differs from the pieces'")
+		require.Len(t, patches.insertedRoutes, len(p.Routes))
+		for i, r := range p.Routes {
+			require.True(t, proto.Equal(r, patches.insertedRoutes[i]), "route %s differs from the pieces'", r.GetName())
 		}
-		require.True(t, proto.Equal(want, &ep), "ext_proc settings differ from the pieces'")
-		require.True(t, proto.Equal(pieces.Clusters[0], patches.cluster), "idemgate cluster differs from the pieces'")
-		var per extprocv3.ExtProcPerRoute
-		require.NoError(t, patches.defaultMerge.GetTypedPerFilterConfig()[patches.extProc.GetName()].UnmarshalTo(&per))
-		require.True(t, per.GetDisabled())
+		require.True(t, proto.Equal(p.LocalReplyConfig, patches.hcmMerge.GetLocalReplyConfig()), "local_reply_config differs from the pieces'")
 	})
 
 	g := assembleInbound(t, patches, uint32(appPort))

@@ -206,15 +206,7 @@ func TestBaseEnvoyConfig(t *testing.T) {
 		})
 	}
 	t.Run("it carries the pieces of `idemgate envoy-config` for the config beside it", func(t *testing.T) {
-		path := filepath.Join(t.TempDir(), "idemgate.yaml")
-		raw, _ := idemgateConfig(t, objs)
-		require.NoError(t, os.WriteFile(path, raw, 0o600))
-		s, _, err := settings.Load(path, config.Options{Offline: true})
-		require.NoError(t, err)
-		out, err := pieces.Render(s.Runtime, pieces.Options{ConfigPath: "k8s/base/idemgate.yaml", IdemgateAddress: "127.0.0.1:50051", UpstreamCluster: envoytest.PaymentsCluster})
-		require.NoError(t, err)
-		p, err := envoytest.DecodePieces(out)
-		require.NoError(t, err)
+		p := renderPieces(t, objs, envoytest.PaymentsCluster)
 		require.NoError(t, envoytest.CheckCarriesPieces(g, p))
 	})
 	t.Run("the listener is the envoy container's only port", func(t *testing.T) {
@@ -577,4 +569,20 @@ func TestIstioOverlayPod(t *testing.T) {
 	t.Run("hardened", func(t *testing.T) {
 		checkPodHardening(t, pod)
 	})
+}
+
+// renderPieces is `idemgate envoy-config` for the idemgate.yaml mounted in
+// objs, with the operation routes sent to upstreamCluster.
+func renderPieces(t *testing.T, objs []object, upstreamCluster string) *envoytest.Pieces {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "idemgate.yaml")
+	raw, _ := idemgateConfig(t, objs)
+	require.NoError(t, os.WriteFile(path, raw, 0o600))
+	s, _, err := settings.Load(path, config.Options{Offline: true})
+	require.NoError(t, err)
+	out, err := pieces.Render(s.Runtime, pieces.Options{ConfigPath: "k8s/base/idemgate.yaml", IdemgateAddress: "127.0.0.1:50051", UpstreamCluster: upstreamCluster})
+	require.NoError(t, err)
+	p, err := envoytest.DecodePieces(out)
+	require.NoError(t, err)
+	return p
 }

@@ -78,7 +78,7 @@ func TestIstioEnvoyFilterPassesEnvoyValidate(t *testing.T) {
 		for _, f := range hcm.GetHttpFilters() {
 			names = append(names, f.GetName())
 		}
-		require.Equal(t, []string{"idemgate.strip_subject", "envoy.filters.http.jwt_authn", "envoy.filters.http.rbac", "idemgate.ext_proc", "envoy.filters.http.router"}, names)
+		require.Equal(t, []string{"idemgate.strip_subject", "envoy.filters.http.jwt_authn", "envoy.filters.http.rbac", "idemgate", "envoy.filters.http.router"}, names)
 		require.True(t, hcm.GetNormalizePath().GetValue())
 		require.True(t, hcm.GetMergeSlashes())
 		require.Equal(t, hcmv3.HttpConnectionManager_UNESCAPE_AND_REDIRECT, hcm.GetPathWithEscapedSlashesAction(), "the MERGE overrides Istio's KEEP_UNCHANGED")
@@ -87,7 +87,8 @@ func TestIstioEnvoyFilterPassesEnvoyValidate(t *testing.T) {
 		for _, r := range hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes() {
 			routes = append(routes, r.GetName())
 		}
-		require.Equal(t, []string{"transfer_preview", "transfer_confirm", "transfer_status", "mcp", "mcp_near_miss", "operation_near_miss", "default"}, routes)
+		require.Equal(t, []string{"transfer_preview", "transfer_confirm", "transfer_status", "transfer_mcp", "default"}, routes)
+		require.NotNil(t, hcm.GetLocalReplyConfig(), "the MERGE added the request_too_large envelope")
 		var clusters []string
 		for _, c := range bs.GetStaticResources().GetClusters() {
 			clusters = append(clusters, c.GetName())

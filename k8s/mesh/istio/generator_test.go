@@ -18,14 +18,18 @@ import (
 	"strings"
 	"testing"
 
+	xdsmatcher "github.com/cncf/xds/go/xds/type/matcher/v3"
 	bootstrap "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	matching "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
+	composite "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/composite/v3"
 	extproc "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
 	"sigs.k8s.io/yaml"
@@ -41,7 +45,7 @@ import (
 
 // podIP is the payments-api pod's address in the simulation.
 const (
-	extProcName = "idemgate.ext_proc"
+	filterName  = "idemgate"
 	routerName  = "envoy.filters.http.router"
 	podIP       = "10.0.0.7"
 )
@@ -55,7 +59,7 @@ func TestIstioGeneratesTheShippedSidecar(t *testing.T) {
 	if err := checkSidecar(sim, paths); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("Istio's generator put %s before the router and routed %v through it", extProcName, paths)
+	t.Logf("Istio's generator put %s before the router and ran it for %v", filterName, paths)
 }
 
 // The judge fails on the mistakes it exists to catch.
@@ -65,24 +69,47 @@ func TestIstioJudgeFails(t *testing.T) {
 		mutate func(t *testing.T, ef object)
 		want   string
 	}{
-		{"without the ext_proc filter", func(t *testing.T, ef object) {
+		{"without the idemgate filter", func(t *testing.T, ef object) {
 			dropPatch(t, ef, func(p object) bool {
-				return strings.Contains(fmt.Sprint(p), extProcName) && get(p, "applyTo") == "HTTP_FILTER"
+				return get(p, "patch", "value", "name") == filterName && get(p, "applyTo") == "HTTP_FILTER"
 			})
-		}, "no " + extProcName},
-		{"without the /mcp routes (the hole the shipped files had)", func(t *testing.T, ef object) {
-			dropPatch(t, ef, func(p object) bool {
-				name := get(p, "patch", "value", "name")
-				return name == "mcp" || name == "mcp_near_miss"
-			})
-		}, "/mcp"},
+		}, "no " + filterName},
+		{"without the /mcp route", func(t *testing.T, ef object) {
+			dropPatch(t, ef, func(p object) bool { return get(p, "patch", "value", "name") == "transfer_mcp" })
+		}, "operation path /mcp takes route default"},
 		{"with the virtual host named after the container port", func(t *testing.T, ef object) {
 			for _, p := range list(get(ef, "spec", "configPatches")) {
 				if vh, ok := get(p, "match", "routeConfiguration", "vhost").(object); ok {
 					vh["name"] = "inbound|http|8080"
 				}
 			}
+		}, "operation path /v1/transfers/confirm takes route default"},
+		{"with the matcher reduced to the exact paths", func(t *testing.T, ef object) {
+			for _, p := range list(get(ef, "spec", "configPatches")) {
+				if get(p, "patch", "value", "name") != filterName {
+					continue
+				}
+				matchers := list(get(p, "patch", "value", "typed_config", "xds_matcher", "matcher_list", "matchers"))
+				for _, pred := range list(get(matchers[0], "predicate", "or_matcher", "predicate")) {
+					vm := get(pred, "single_predicate", "value_match").(object)
+					if prefix, ok := vm["prefix"]; ok {
+						delete(vm, "prefix")
+						delete(vm, "ignore_case")
+						vm["exact"] = prefix
+					}
+				}
+			}
 		}, "near miss /v1/transfers/confirm/"},
+		{"with a route that switches idemgate off", func(t *testing.T, ef object) {
+			for _, p := range list(get(ef, "spec", "configPatches")) {
+				if get(p, "patch", "value", "name") == "transfer_confirm" {
+					get(p, "patch", "value").(object)["typed_per_filter_config"] = object{filterName: object{
+						"@type":    "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+						"disabled": true,
+					}}
+				}
+			}
+		}, "switches idemgate off"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := render(t, filepath.Join(k8sDir(t), "istio"))
@@ -181,12 +208,14 @@ spec:
 
 // checkSidecar is what the judge asserts on the generated sidecar:
 //   - the inbound HTTP chain for the app's port runs the subject strip first,
-//     ext_proc after Istio's authentication (jwt_authn, rbac) and right
-//     before the router, failing closed;
-//   - every operation path of idemgate.yaml routes with ext_proc on, to the
-//     app; no other route has ext_proc on; every near-miss spelling of an
-//     operation path gets the 404, and other paths reach the app with
-//     ext_proc off (Istio's simulation does the route matching);
+//     idemgate after Istio's authentication (jwt_authn, rbac) and right
+//     before the router; idemgate is ext_proc delegated to by a composite
+//     filter, failing closed to the idemgate cluster;
+//   - no route switches idemgate off; every operation path of idemgate.yaml
+//     takes its own exact route to the app, and idemgate runs for it and for
+//     every near-miss spelling (which it refuses), and not for other paths
+//     (Istio's simulation does the route matching; the matcher is evaluated
+//     here as Envoy evaluates it);
 //   - the idemgate cluster exists.
 func checkSidecar(sim *simulation.Simulation, paths []string) error {
 	var errs []error
@@ -195,65 +224,71 @@ func checkSidecar(sim *simulation.Simulation, paths []string) error {
 		return err
 	}
 	var names []string
-	var ep *extproc.ExternalProcessor
+	var runs func(path string) (bool, error)
 	for _, f := range chain.GetHttpFilters() {
 		names = append(names, f.GetName())
-		if f.GetName() == extProcName {
-			ep = &extproc.ExternalProcessor{}
-			if err := f.GetTypedConfig().UnmarshalTo(ep); err != nil {
-				errs = append(errs, err)
+		if f.GetName() == filterName {
+			var ep *extproc.ExternalProcessor
+			if ep, runs, err = unwrapComposite(f); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", filterName, err))
+			} else if ep.GetFailureModeAllow() || ep.GetGrpcService().GetEnvoyGrpc().GetClusterName() != "idemgate" {
+				errs = append(errs, fmt.Errorf("%s does not fail closed to cluster idemgate: %v", filterName, ep))
 			}
 		}
 	}
-	at := slices.Index(names, extProcName)
+	at := slices.Index(names, filterName)
 	switch {
 	case at < 0:
-		return fmt.Errorf("no %s on the inbound HTTP chain: %v", extProcName, names)
+		return fmt.Errorf("no %s on the inbound HTTP chain: %v", filterName, names)
 	case at != len(names)-2 || names[len(names)-1] != routerName:
-		errs = append(errs, fmt.Errorf("%s is not right before the router: %v", extProcName, names))
+		errs = append(errs, fmt.Errorf("%s is not right before the router: %v", filterName, names))
 	}
 	if names[0] != "idemgate.strip_subject" {
 		errs = append(errs, fmt.Errorf("the subject strip is not the first filter: %v", names))
 	}
 	for _, authn := range []string{"envoy.filters.http.jwt_authn", "envoy.filters.http.rbac"} {
 		if i := slices.Index(names, authn); i < 0 || i > at {
-			errs = append(errs, fmt.Errorf("%s does not run before %s: %v", authn, extProcName, names))
+			errs = append(errs, fmt.Errorf("%s does not run before %s: %v", authn, filterName, names))
 		}
-	}
-	if ep != nil && (ep.GetFailureModeAllow() || ep.GetGrpcService().GetEnvoyGrpc().GetClusterName() != "idemgate") {
-		errs = append(errs, fmt.Errorf("%s does not fail closed to cluster idemgate: %v", extProcName, ep))
 	}
 	if xdstest.ExtractCluster("idemgate", sim.Clusters) == nil {
 		errs = append(errs, errors.New("no idemgate cluster"))
 	}
+	if runs == nil {
+		return errors.Join(errs...)
+	}
 
-	// Every route of the inbound virtual hosts: ext_proc on only on an exact
-	// operation path (idemgate passes any other path through unexamined,
-	// and fails it closed when idemgate is down).
 	for _, vh := range chain.GetRouteConfig().GetVirtualHosts() {
 		for _, r := range vh.GetRoutes() {
-			if !extProcDisabled(r) && r.GetDirectResponse() == nil && !slices.Contains(paths, r.GetMatch().GetPath()) {
-				errs = append(errs, fmt.Errorf("route %s of %s runs ext_proc but is no operation path", r.GetName(), vh.GetName()))
+			if _, ok := r.GetTypedPerFilterConfig()[filterName]; ok {
+				errs = append(errs, fmt.Errorf("route %s of %s switches idemgate off (or configures it): a near miss routed there would pass unchecked", r.GetName(), vh.GetName()))
 			}
 		}
 	}
-	for _, p := range paths {
-		r, err := routeFor(sim, p)
+	// guarded: the request reaches the app with idemgate running for it.
+	guarded := func(path string) (bool, *route.Route, error) {
+		r, err := routeFor(sim, path)
 		if err != nil {
-			errs = append(errs, err)
-			continue
+			return false, nil, err
 		}
-		if extProcDisabled(r) || r.GetRoute().GetCluster() == "" {
-			errs = append(errs, fmt.Errorf("operation path %s: route %s has ext_proc off or no upstream", p, r.GetName()))
+		on, err := runs(path)
+		return on && r.GetRoute().GetCluster() != "", r, err
+	}
+	for _, p := range paths {
+		on, r, err := guarded(p)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case r.GetMatch().GetPath() != p:
+			errs = append(errs, fmt.Errorf("operation path %s takes route %s, not its own exact route (timeouts, retries)", p, r.GetName()))
+		case !on:
+			errs = append(errs, fmt.Errorf("operation path %s: idemgate does not run on route %s", p, r.GetName()))
 		}
 		for _, miss := range []string{p + "/", strings.ToUpper(p), p + ";x", p + ".json"} {
-			r, err := routeFor(sim, miss)
-			if err != nil {
+			if on, r, err := guarded(miss); err != nil {
 				errs = append(errs, err)
-				continue
-			}
-			if r.GetDirectResponse().GetStatus() != 404 || !extProcDisabled(r) {
-				errs = append(errs, fmt.Errorf("near miss %s: route %s, want a 404 with ext_proc off", miss, r.GetName()))
+			} else if !on && r.GetDirectResponse() == nil {
+				errs = append(errs, fmt.Errorf("near miss %s reaches route %s without idemgate", miss, r.GetName()))
 			}
 		}
 	}
@@ -263,8 +298,8 @@ func checkSidecar(sim *simulation.Simulation, paths []string) error {
 		if slices.Contains(paths, p) {
 			continue
 		}
-		if r, err := routeFor(sim, p); err == nil && r.GetDirectResponse() == nil {
-			errs = append(errs, fmt.Errorf("%s, guarded by envoy/idemgate.yaml, reaches the app through route %s", p, r.GetName()))
+		if on, r, err := guarded(p); err == nil && !on && r.GetDirectResponse() == nil {
+			errs = append(errs, fmt.Errorf("%s, guarded by envoy/idemgate.yaml, reaches the app through route %s without idemgate", p, r.GetName()))
 		}
 	}
 	for _, other := range []string{"/", "/healthz", "/v1/transfers/by-key/x", "/v1/other"} {
@@ -273,11 +308,85 @@ func checkSidecar(sim *simulation.Simulation, paths []string) error {
 			errs = append(errs, err)
 			continue
 		}
-		if !extProcDisabled(r) || r.GetRoute().GetCluster() == "" {
-			errs = append(errs, fmt.Errorf("unguarded path %s: route %s should reach the app with ext_proc off", other, r.GetName()))
+		on, err := runs(other)
+		if err != nil || on || r.GetRoute().GetCluster() == "" {
+			errs = append(errs, fmt.Errorf("unguarded path %s: route %s should reach the app without idemgate (runs %v, %v)", other, r.GetName(), on, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// unwrapComposite reads the shape `idemgate envoy-config` prints: an
+// ExtensionWithMatcher around envoy.filters.http.composite whose matcher's
+// actions execute ext_proc. It returns the ext_proc config and whether the
+// composite runs it for a :path, evaluated as Envoy does (first matching
+// field matcher; no match runs nothing). Only the predicates the pieces use
+// are understood (or/single, :path, prefix with ignore_case, RE2 regex);
+// anything else is an error, never a guess.
+func unwrapComposite(f *hcm.HttpFilter) (*extproc.ExternalProcessor, func(string) (bool, error), error) {
+	ewm := &matching.ExtensionWithMatcher{}
+	if err := f.GetTypedConfig().UnmarshalTo(ewm); err != nil {
+		return nil, nil, fmt.Errorf("not an ExtensionWithMatcher: %w", err)
+	}
+	if !ewm.GetExtensionConfig().GetTypedConfig().MessageIs(&composite.Composite{}) {
+		return nil, nil, errors.New("does not wrap envoy.filters.http.composite")
+	}
+	ms := ewm.GetXdsMatcher().GetMatcherList().GetMatchers()
+	if len(ms) == 0 || ewm.GetXdsMatcher().GetOnNoMatch() != nil {
+		return nil, nil, errors.New("want a matcher_list and no on_no_match")
+	}
+	var ep *extproc.ExternalProcessor
+	for _, m := range ms {
+		exec := &composite.ExecuteFilterAction{}
+		if err := m.GetOnMatch().GetAction().GetTypedConfig().UnmarshalTo(exec); err != nil {
+			return nil, nil, fmt.Errorf("an action that is not ExecuteFilterAction: %w", err)
+		}
+		ep = &extproc.ExternalProcessor{}
+		if err := exec.GetTypedConfig().GetTypedConfig().UnmarshalTo(ep); err != nil {
+			return nil, nil, fmt.Errorf("the composite executes no ext_proc: %w", err)
+		}
+	}
+	runs := func(path string) (bool, error) {
+		for _, m := range ms {
+			hit, err := predicateMatches(m.GetPredicate(), path)
+			if err != nil || hit {
+				return hit, err
+			}
+		}
+		return false, nil
+	}
+	return ep, runs, nil
+}
+
+func predicateMatches(p *xdsmatcher.Matcher_MatcherList_Predicate, path string) (bool, error) {
+	if or := p.GetOrMatcher(); or != nil {
+		for _, q := range or.GetPredicate() {
+			hit, err := predicateMatches(q, path)
+			if err != nil || hit {
+				return hit, err
+			}
+		}
+		return false, nil
+	}
+	sp := p.GetSinglePredicate()
+	in := &matcherv3.HttpRequestHeaderMatchInput{}
+	if sp == nil || sp.GetInput().GetTypedConfig().UnmarshalTo(in) != nil || in.GetHeaderName() != ":path" {
+		return false, fmt.Errorf("predicate %v is not understood here", p)
+	}
+	vm := sp.GetValueMatch()
+	switch {
+	case vm.GetPrefix() != "" && vm.GetIgnoreCase():
+		return strings.HasPrefix(strings.ToLower(path), strings.ToLower(vm.GetPrefix())), nil
+	case vm.GetExact() != "" && !vm.GetIgnoreCase():
+		return path == vm.GetExact(), nil
+	case vm.GetSafeRegex() != nil:
+		re, err := regexp.Compile(`^(?:` + vm.GetSafeRegex().GetRegex() + `)$`)
+		if err != nil {
+			return false, err
+		}
+		return re.MatchString(path), nil
+	}
+	return false, fmt.Errorf("string matcher %v is not understood here", vm)
 }
 
 // inboundHTTPChain is the HTTP connection manager Istio built for inbound
@@ -338,15 +447,6 @@ func routeFor(sim *simulation.Simulation, path string) (*route.Route, error) {
 		}
 	}
 	return nil, fmt.Errorf("%s: matched route %q of %q/%q not found", path, res.RouteMatched, res.RouteConfigMatched, res.VirtualHostMatched)
-}
-
-func extProcDisabled(r *route.Route) bool {
-	a, ok := r.GetTypedPerFilterConfig()[extProcName]
-	if !ok {
-		return false
-	}
-	per := &extproc.ExtProcPerRoute{}
-	return a.UnmarshalTo(per) == nil && per.GetDisabled()
 }
 
 // --- the shipped files --------------------------------------------------
@@ -534,8 +634,8 @@ func TestIstioSidecarPassesEnvoyValidate(t *testing.T) {
 	chain.HttpFilters = filters
 	// Istio's access log and tracing use its own formatters and providers.
 	chain.AccessLog, chain.Tracing = nil, nil
-	if !slices.Contains(kept, extProcName) {
-		t.Fatalf("%s was dropped: %v", extProcName, dropped)
+	if !slices.Contains(kept, filterName) {
+		t.Fatalf("%s was dropped: %v", filterName, dropped)
 	}
 	t.Logf("validating the inbound chain %v (Istio-only, left out: %v)", kept, dropped)
 
