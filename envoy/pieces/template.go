@@ -20,8 +20,7 @@ const piecesText = `# idemgate for an Envoy you already run: the pieces to paste
 #   - Every other request opens no ext_proc stream: it costs nothing.
 #   - Do NOT disable this filter per route (an ExtProcPerRoute {disabled: true} keyed by
 #     its name): a near-miss spelling that your routes send to such a route would reach
-#     the upstream unchecked. Older versions of these pieces told you to put one on every
-#     route that is not an operation; remove them.
+#     the upstream unchecked. Remove any your routes carry.
 #
 # Settings to review:
 #   - clusters[idemgate] address: where idemgate's grpc_listen is, as Envoy reaches it
