@@ -36,8 +36,8 @@ const (
 	// ClassApprovalPending: people have not decided yet; confirm again later.
 	ClassApprovalPending = "approval_pending"
 	// ClassDenied: a person denied it; decided for good, nothing runs.
-	ClassDenied = "approval_denied"
-	ClassDeadEnd     = "dead_end"      // an answer an agent cannot act on
+	ClassDenied  = "approval_denied"
+	ClassDeadEnd = "dead_end" // an answer an agent cannot act on
 )
 
 // faultSlack widens a fault's window when matching it to calls: a call
