@@ -39,7 +39,8 @@ CMD ["--upstream-only"]
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/idemgate /usr/local/bin/idemgate
 USER 65532:65532
-# 50051: gRPC (ext_proc + grpc.health.v1); 9090: admin (/metrics /healthz /readyz).
-EXPOSE 50051 9090
+# 50051: gRPC (ext_proc + grpc.health.v1); 9090: admin (/metrics /healthz /readyz);
+# 9091: approval_listen (the approvers' API and page, DESIGN section 10).
+EXPOSE 50051 9090 9091
 ENTRYPOINT ["/usr/local/bin/idemgate"]
 CMD ["serve", "--config", "/etc/idemgate/idemgate.yaml"]

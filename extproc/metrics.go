@@ -28,8 +28,9 @@ type Metrics struct {
 	passthrough        prometheus.Counter
 	webhook            *prometheus.CounterVec
 	ready              prometheus.Gauge
-	// approvals counts approval transitions by operation (requested and
-	// consumed here; decisions in the approvers' API).
+	// approvals counts approval transitions by operation: requested and
+	// consumed by the confirm stream, approved and denied by decisions on
+	// the approvers' API, expired by the store (ApprovalTransition).
 	approvals *prometheus.CounterVec
 }
 
@@ -87,7 +88,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		approvals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemgate_approval_transitions_total",
-			Help: "Approval transitions of gated confirms by operation: requested, consumed.",
+			Help: "Approval transitions by operation: requested and consumed (confirm streams), approved and denied (decisions on the approvers' API of this process), expired (lapses this process's store marked).",
 		}, []string{"operation", "transition"}),
 	}
 	reg.MustRegister(m.decisions, m.storeLatency, m.fallbacks, m.securityEvents, m.openStreams,
@@ -108,6 +109,13 @@ func (m *Metrics) StoreObserver() state.Observer {
 
 // Fallback counts a store fallback (for backends that report them).
 func (m *Metrics) Fallback(reason string) { m.fallbacks.WithLabelValues(reason).Inc() }
+
+// ApprovalTransition counts a transition of an approval made outside a
+// confirm stream: a decision on the approvers' API (approved, denied) or a
+// lapse the store reports (expired).
+func (m *Metrics) ApprovalTransition(operation, transition string) {
+	m.approvals.WithLabelValues(operation, transition).Inc()
+}
 
 // SecurityCounters are the counters a security.Reporter bumps.
 func (m *Metrics) SecurityCounters() security.Counters {

@@ -1079,12 +1079,12 @@ func TestEnvoyGatewayIdemgate(t *testing.T) {
 		delete(theirs, "grpc_listen")
 		require.Equal(t, theirs, ours)
 	})
-	t.Run("declares the gRPC and admin ports, and the Service exposes gRPC only", func(t *testing.T) {
+	t.Run("declares the gRPC, admin and approvals ports, and the Service exposes gRPC only", func(t *testing.T) {
 		var ports []int32
 		for _, p := range c.Ports {
 			ports = append(ports, p.ContainerPort)
 		}
-		require.ElementsMatch(t, []int32{int32(grpcPort), adminPort}, ports)
+		require.ElementsMatch(t, []int32{int32(grpcPort), adminPort, approvalListenPort(t, raw)}, ports)
 		require.Len(t, m.services, 1)
 		svc := m.services[0]
 		require.True(t, svcSelects(svc, d))
@@ -1173,6 +1173,9 @@ func TestEnvoyGatewayNetworkPolicies(t *testing.T) {
 	_, grpcPort, err := envoytest.HostPort(m.cfg.GRPCListen)
 	require.NoError(t, err)
 	adminPort := port(t, m.cfg.AdminListen)
+	raw, err := m.mountedConfig()
+	require.NoError(t, err)
+	approvalsPort := approvalListenPort(t, raw)
 	byName := map[string]*networkingv1.NetworkPolicy{}
 	for _, np := range m.netpols {
 		byName[np.Name] = np
@@ -1183,7 +1186,7 @@ func TestEnvoyGatewayNetworkPolicies(t *testing.T) {
 		}
 	}
 
-	t.Run("idemgate: gRPC from the Gateway's proxies, admin from monitoring, nothing else", func(t *testing.T) {
+	t.Run("idemgate: gRPC from the Gateway's proxies, admin from monitoring, approvals from the approvers' namespace, nothing else", func(t *testing.T) {
 		np := byName["idemgate"]
 		require.NotNil(t, np)
 		require.True(t, selects(t, &np.Spec.PodSelector, m.deployment.Spec.Template.Labels))
@@ -1201,12 +1204,16 @@ func TestEnvoyGatewayNetworkPolicies(t *testing.T) {
 					require.Len(t, rule.From, 1)
 					require.Nil(t, rule.From[0].PodSelector)
 					require.Equal(t, map[string]string{"kubernetes.io/metadata.name": "monitoring"}, rule.From[0].NamespaceSelector.MatchLabels)
+				case approvalsPort:
+					require.Len(t, rule.From, 1)
+					require.Nil(t, rule.From[0].PodSelector)
+					require.Equal(t, map[string]string{"kubernetes.io/metadata.name": approversNamespace}, rule.From[0].NamespaceSelector.MatchLabels)
 				default:
 					t.Errorf("admits port %d", cp.ContainerPort)
 				}
 			}
 		}
-		require.Len(t, admitted, 2)
+		require.Len(t, admitted, 3)
 	})
 	t.Run("the app: only from the Gateway's proxies, on the port the routes use", func(t *testing.T) {
 		np := byName["payments-api"]

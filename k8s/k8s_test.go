@@ -129,6 +129,24 @@ func idemgateConfig(t *testing.T, objs []object) ([]byte, *envoytest.IdemgateCon
 	return raw, cfg
 }
 
+// approvalsPort is the port of approval_listen in the idemgate config the
+// Deployment mounts (envoytest.IdemgateConfig does not read that key).
+func approvalsPort(t *testing.T, objs []object) int32 {
+	t.Helper()
+	raw, _ := idemgateConfig(t, objs)
+	return approvalListenPort(t, raw)
+}
+
+func approvalListenPort(t *testing.T, raw []byte) int32 {
+	t.Helper()
+	var c struct {
+		ApprovalListen string `json:"approval_listen"`
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &c))
+	require.NotEmpty(t, c.ApprovalListen, "the shipped config sets approval_listen")
+	return port(t, c.ApprovalListen)
+}
+
 func port(t *testing.T, listen string) int32 {
 	t.Helper()
 	_, p, err := envoytest.HostPort(listen)
@@ -284,15 +302,20 @@ func TestBaseAppIsReachableOnlyThroughEnvoy(t *testing.T) {
 			require.Equal(t, listenerPort, cp.ContainerPort)
 		}
 	})
-	t.Run("the NetworkPolicy admits Envoy's port, and the admin port from monitoring only", func(t *testing.T) {
-		checkNetworkPolicy(t, objs, d, listenerPort, adminPort)
+	t.Run("the NetworkPolicy admits Envoy's port, the admin port from monitoring only, the approvers' API from the approvers' namespace only", func(t *testing.T) {
+		checkNetworkPolicy(t, objs, d, listenerPort, adminPort, approvalsPort(t, objs))
 	})
 }
 
+// approversNamespace is where the manifests expect the approvers' SSO
+// proxy, the only caller of approval_listen.
+const approversNamespace = "idemgate-approvals"
+
 // checkNetworkPolicy: every ingress rule names its ports (a rule without
 // ports admits all of them); only the API port is open to all callers, the
-// admin port only to the monitoring namespace.
-func checkNetworkPolicy(t *testing.T, objs []object, d *appsv1.Deployment, apiPort, adminPort int32) {
+// admin port only to the monitoring namespace, the approvers' API only to
+// the approvers' namespace.
+func checkNetworkPolicy(t *testing.T, objs []object, d *appsv1.Deployment, apiPort, adminPort, approvalsPort int32) {
 	t.Helper()
 	nps := objectsOf[*networkingv1.NetworkPolicy](objs)
 	require.Len(t, nps, 1)
@@ -315,12 +338,18 @@ func checkNetworkPolicy(t *testing.T, objs []object, d *appsv1.Deployment, apiPo
 				require.Nil(t, rule.From[0].IPBlock)
 				require.Equal(t, map[string]string{"kubernetes.io/metadata.name": "monitoring"},
 					rule.From[0].NamespaceSelector.MatchLabels)
+			case approvalsPort:
+				require.Len(t, rule.From, 1)
+				require.Nil(t, rule.From[0].PodSelector)
+				require.Nil(t, rule.From[0].IPBlock)
+				require.Equal(t, map[string]string{"kubernetes.io/metadata.name": approversNamespace},
+					rule.From[0].NamespaceSelector.MatchLabels)
 			default:
-				t.Errorf("NetworkPolicy admits port %d, which is neither the API nor the admin port", cp.ContainerPort)
+				t.Errorf("NetworkPolicy admits port %d, which is neither the API, the admin nor the approvals port", cp.ContainerPort)
 			}
 		}
 	}
-	require.ElementsMatch(t, []int32{apiPort, adminPort}, admitted)
+	require.ElementsMatch(t, []int32{apiPort, adminPort, approvalsPort}, admitted)
 }
 
 func TestBaseIdemgateSidecar(t *testing.T) {
@@ -343,8 +372,14 @@ func TestBaseIdemgateSidecar(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, string(file), string(raw))
 	})
+	t.Run("declares the admin port and approval_listen's", func(t *testing.T) {
+		var ports []int32
+		for _, p := range c.Ports {
+			ports = append(ports, p.ContainerPort)
+		}
+		require.Equal(t, []int32{adminPort, approvalsPort(t, objs)}, ports)
+	})
 	t.Run("probes hit idemgate's admin endpoints on its admin port", func(t *testing.T) {
-		require.Len(t, c.Ports, 1)
 		require.Equal(t, adminPort, c.Ports[0].ContainerPort)
 		for _, tt := range []struct {
 			name  string
@@ -564,7 +599,7 @@ func TestIstioOverlayPod(t *testing.T) {
 			require.Equal(t, "app", name)
 			require.EqualValues(t, appPort, cp.ContainerPort)
 		}
-		checkNetworkPolicy(t, objs, d, int32(appPort), adminPort)
+		checkNetworkPolicy(t, objs, d, int32(appPort), adminPort, approvalsPort(t, objs))
 	})
 	t.Run("hardened", func(t *testing.T) {
 		checkPodHardening(t, pod)

@@ -30,8 +30,12 @@ const (
 // (a person reads them, and the demo reads serve's start-up line), no
 // drain wait (Envoy, the only client, is stopped first), and, unless the
 // shipped file has one, an attestation key, so that the demo's payments API
-// can refuse what did not pass idemgate.
-func demoConfigYAML() ([]byte, error) {
+// can refuse what did not pass idemgate. The transfer operation (HTTP)
+// also needs a person's approval from demoApprovalThreshold up, decided on
+// the approvers' API (approval_listen on a loopback port the system picks)
+// with tokens verified by the JWKS in approversJWKS, so the demo can walk
+// through DESIGN section 10.
+func demoConfigYAML(approversJWKS string) ([]byte, error) {
 	var shipped yaml.MapSlice
 	if err := yaml.UnmarshalWithOptions(envoy.IdemgateYAML(), &shipped, yaml.UseOrderedMap()); err != nil {
 		return nil, fmt.Errorf("failed to read envoy/idemgate.yaml: %w", err)
@@ -44,6 +48,12 @@ func demoConfigYAML() ([]byte, error) {
 			continue
 		case "attestation":
 			attested = true
+		case "operations":
+			ops, err := withDemoApproval(item.Value, approversJWKS)
+			if err != nil {
+				return nil, err
+			}
+			item.Value = ops
 		}
 		derived = append(derived, item)
 	}
@@ -56,6 +66,8 @@ func demoConfigYAML() ([]byte, error) {
 	derived = append(derived,
 		yaml.MapItem{Key: "log", Value: yaml.MapSlice{{Key: "level", Value: "info"}, {Key: "format", Value: "text"}}},
 		yaml.MapItem{Key: "drain", Value: yaml.MapSlice{{Key: "period", Value: "0s"}, {Key: "timeout", Value: "5s"}}},
+		// Port 0: serve logs the address it bound, which the demo reads.
+		yaml.MapItem{Key: "approval_listen", Value: "127.0.0.1:0"},
 	)
 	out, err := yaml.Marshal(derived)
 	if err != nil {
@@ -64,13 +76,65 @@ func demoConfigYAML() ([]byte, error) {
 	return out, nil
 }
 
+// demoApprovedOperation is the shipped operation the demo gates.
+const demoApprovedOperation = "transfer"
+
+// withDemoApproval adds the demo's approval block to the transfer operation
+// of the shipped operations list (which has none: approvers are a
+// deployment's own identity provider).
+func withDemoApproval(v any, approversJWKS string) (any, error) {
+	ops, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("envoy/idemgate.yaml: operations is %T, not a list", v)
+	}
+	found := false
+	for i, o := range ops {
+		op, ok := o.(yaml.MapSlice)
+		if !ok {
+			continue
+		}
+		name := ""
+		for _, f := range op {
+			if f.Key == "name" {
+				name, _ = f.Value.(string)
+			}
+		}
+		if name != demoApprovedOperation {
+			continue
+		}
+		for _, f := range op {
+			if f.Key == "approval" {
+				return nil, fmt.Errorf("envoy/idemgate.yaml: operation %s already has an approval block; the demo adds its own", name)
+			}
+		}
+		found = true
+		ops[i] = append(append(yaml.MapSlice{}, op...), yaml.MapItem{Key: "approval", Value: yaml.MapSlice{
+			{Key: "rules", Value: []any{yaml.MapSlice{{Key: "param", Value: "amount"}, {Key: "at_least", Value: demoApprovalThreshold}}}},
+			{Key: "approvers", Value: yaml.MapSlice{
+				{Key: "jwt", Value: yaml.MapSlice{
+					{Key: "issuer", Value: demoApproverIssuer},
+					{Key: "audience", Value: demoApproverAudience},
+					{Key: "jwks_file", Value: approversJWKS},
+				}},
+				{Key: "distinct_from_requester", Value: true},
+				{Key: "required", Value: 1},
+			}},
+			{Key: "ttl", Value: demoApprovalTTL.String()},
+		}})
+	}
+	if !found {
+		return nil, fmt.Errorf("envoy/idemgate.yaml has no operation %s for the demo's approval walkthrough", demoApprovedOperation)
+	}
+	return ops, nil
+}
+
 // demoConfig is the derived config, its signing key and where the key came
 // from: IDEMGATE_KEY_K1 when it is set, else generated for this run. The
 // demo compiles the config itself too (idemgate compiles it again): to stop
 // with every problem listed before starting anything, and to sign the
 // printed expired fingerprint with the key idemgate verifies with.
-func demoConfig(lookupEnv func(string) (string, bool)) (data []byte, cfg *settings.Settings, warns []*config.Problem, key, keySource string, err error) {
-	data, err = demoConfigYAML()
+func demoConfig(lookupEnv func(string) (string, bool), approversJWKS string) (data []byte, cfg *settings.Settings, warns []*config.Problem, key, keySource string, err error) {
+	data, err = demoConfigYAML(approversJWKS)
 	if err != nil {
 		return nil, nil, nil, "", "", err
 	}

@@ -212,19 +212,27 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer, logge
 	if err != nil {
 		return err
 	}
-	cfg, demoSettings, warns, key, keySource, err := demoConfig(os.LookupEnv)
-	if err != nil {
-		return err
-	}
-	for _, w := range warns {
-		logger.Warn("config warning", "problem", w.Error())
-	}
 	dir, err := os.MkdirTemp("", "idemgate-demo-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
 	ws := workspace{dir: dir, log: &lockedWriter{w: stderr}}
+	approvers, err := newApproverKey()
+	if err != nil {
+		return err
+	}
+	approversJWKS := filepath.Join(dir, "approvers.jwks")
+	if err := os.WriteFile(approversJWKS, approvers.jwks(), 0o600); err != nil {
+		return err
+	}
+	cfg, demoSettings, warns, key, keySource, err := demoConfig(os.LookupEnv, approversJWKS)
+	if err != nil {
+		return err
+	}
+	for _, w := range warns {
+		logger.Warn("config warning", "problem", w.Error())
+	}
 
 	// Everything started is stopped on the way out, in reverse: the front,
 	// then idemgate, then the upstream.
@@ -254,7 +262,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer, logge
 		return err
 	}
 	stops = append(stops, func() error { return idem.stop(shutdownTimeout) })
-	logger.Info("idemgate started", "pid", idem.pid(), "grpc", idem.grpcAddr, "admin", idem.adminAddr)
+	logger.Info("idemgate started", "pid", idem.pid(), "grpc", idem.grpcAddr, "admin", idem.adminAddr, "approvals", idem.approvalAddr)
 
 	bootstrap, err := renderBootstrap(envoy.BootstrapYAML(), frontAddrs{
 		listen: o.listen, admin: "127.0.0.1:0", idemgate: idem.grpcAddr, payments: lis.Addr().String(),
@@ -274,7 +282,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer, logge
 		envoyVersion: version, envoyBin: o.envoyBin,
 		frontURL: "http://" + loopbackDialable(front.ListenAddr), envoyAdminURL: "http://" + front.AdminAddr,
 		grpcAddr: idem.grpcAddr, idemgateAdmin: idem.adminAddr,
-		paymentsURL: pay.url,
+		paymentsURL: pay.url, approvalsURL: "http://" + idem.approvalAddr, approvers: approvers,
 	}, time.Now())
 	if err != nil {
 		return err

@@ -208,9 +208,10 @@ func TestDemoPrintedCommandsShowWhatTheySay(t *testing.T) {
 	script := d.stdout.String()
 	require.Contains(t, script, "# idemgate demo: a real Envoy "+pinnedVersion(t)+" in front of idemgate")
 	steps, order := runSteps(t, script)
-	require.Equal(t, []string{"1", "2", "3a", "3b", "4", "5", "6", "7", "7b", "8", "9", "10", "11", "12", "13"}, order, "the steps, in the order the brief of the demo lists them")
+	require.Equal(t, []string{"1", "2", "3a", "3b", "4", "5", "6", "7", "7b", "8", "9", "10", "11", "12", "13",
+		"14", "15", "16", "17", "18", "19", "20", "21", "22"}, order, "the steps, in the order the brief of the demo lists them")
 
-	for _, step := range []string{"2", "3a", "3b", "4", "5", "6", "7"} {
+	for _, step := range []string{"2", "3a", "3b", "4", "5", "6", "7", "16", "17", "18", "19", "20", "21"} {
 		require.Equal(t, "\n", parseCurl(t, step, steps[step]).rest, "step %s prints its response and nothing else", step)
 	}
 
@@ -346,9 +347,102 @@ func TestDemoPrintedCommandsShowWhatTheySay(t *testing.T) {
 		require.Equal(t, "completed", env["status"])
 		require.Equal(t, transferID, env["result_ref"])
 	})
-	t.Run("one execution over HTTP, one over MCP", func(t *testing.T) {
+
+	// Steps 14-22: a transfer that needs a person's approval.
+	var afp, approvalID, bigNonce string
+	t.Run("14 the preview of a transfer above the threshold says approval_required", func(t *testing.T) {
+		r := parseCurl(t, "14", steps["14"])
+		require.Equal(t, http.StatusOK, r.status)
+		body := r.json(t)
+		require.Equal(t, true, body["approval_required"])
+		afp, _ = body["fingerprint"].(string)
+		require.NotEmpty(t, afp)
+		exp, err := time.Parse(time.RFC3339, body["fingerprint_expires_at"].(string))
+		require.NoError(t, err)
+		require.WithinDuration(t, time.Now().Add(demoApprovalTTL), exp, time.Minute, "a gated fingerprint lives approval.ttl")
+		require.Equal(t, "\nAFP="+afp+"\n", r.rest)
+	})
+	require.NotEmpty(t, afp)
+	t.Run("15 its confirm is approval_pending and runs nothing", func(t *testing.T) {
+		r := parseCurl(t, "15", steps["15"])
+		require.Equal(t, http.StatusAccepted, r.status)
+		require.NotEmpty(t, r.header.Get("Retry-After"))
+		body := r.json(t)
+		require.Equal(t, "approval_pending", body["status"])
+		require.Equal(t, true, body["retryable"])
+		approvalID, _ = body["approval_id"].(string)
+		require.NotEmpty(t, approvalID)
+		require.Equal(t, "\nAPPROVAL_ID="+approvalID+"\n", r.rest, "the sed extraction printed the approval id")
+	})
+	require.NotEmpty(t, approvalID)
+	t.Run("16 bob reads the approval with the bound params", func(t *testing.T) {
+		r := parseCurl(t, "16", steps["16"])
+		require.Equal(t, http.StatusOK, r.status)
+		body := r.json(t)
+		require.Equal(t, approvalID, body["approval_id"])
+		require.Equal(t, "pending", body["state"])
+		require.Equal(t, "transfer", body["operation"])
+		require.Equal(t, "alice", body["requester"])
+		require.Equal(t, map[string]any{"amount": "1500", "currency": "EUR", "payee": map[string]any{"account_id": "acc_7731"}}, body["params"], "the canonical bound params only (the decimal without trailing zeros): no memo, no payee name")
+		require.Len(t, body["rules"], 1)
+		require.Contains(t, body["rules"].([]any)[0], demoApprovalThreshold)
+	})
+	t.Run("17 alice cannot approve her own transfer", func(t *testing.T) {
+		r := parseCurl(t, "17", steps["17"])
+		require.Equal(t, http.StatusForbidden, r.status)
+		require.Equal(t, "approval_forbidden", r.json(t)["error"])
+		require.Contains(t, d.stderr.String(), "event=security_alert reason=self_approval operation=transfer")
+	})
+	t.Run("18 bob approves", func(t *testing.T) {
+		r := parseCurl(t, "18", steps["18"])
+		require.Equal(t, http.StatusOK, r.status)
+		body := r.json(t)
+		require.Equal(t, "approved", body["state"])
+		decisions := body["decisions"].([]any)
+		require.Len(t, decisions, 1, "alice's refused attempt is not a decision")
+		require.Equal(t, "bob", decisions[0].(map[string]any)["approver"])
+		require.Equal(t, "payee verified by phone", decisions[0].(map[string]any)["reason"])
+	})
+	t.Run("19 the status tool says approval_granted", func(t *testing.T) {
+		r := parseCurl(t, "19", steps["19"])
+		require.Equal(t, http.StatusOK, r.status)
+		require.Equal(t, "approval_granted", r.json(t)["status"])
+	})
+	var bigTransferID string
+	t.Run("20 the approved confirm executes", func(t *testing.T) {
+		r := parseCurl(t, "20", steps["20"])
+		require.Equal(t, http.StatusOK, r.status)
+		body := r.json(t)
+		require.Equal(t, "completed", body["status"])
+		require.Equal(t, "1500.00", body["amount"])
+		bigTransferID, _ = body["transfer_id"].(string)
+		require.NotEmpty(t, bigTransferID)
+		require.Empty(t, r.header.Get("Idempotent-Replayed"))
+	})
+	t.Run("21 a repeated confirm replays", func(t *testing.T) {
+		r := parseCurl(t, "21", steps["21"])
+		require.Equal(t, http.StatusOK, r.status)
+		body := r.json(t)
+		require.Equal(t, "already_completed", body["status"])
+		require.Equal(t, bigTransferID, body["result_ref"])
+		require.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
+		bigNonce = r.header.Get("Idempotency-Key")
+		require.Regexp(t, `^[0-9a-f]{32}$`, bigNonce)
+		require.NotEqual(t, nonce, bigNonce)
+	})
+	t.Run("22 the metrics count each approval transition once", func(t *testing.T) {
+		got := map[string]bool{}
+		for _, l := range strings.Split(strings.TrimSpace(steps["22"]), "\n") {
+			got[l] = true
+		}
+		for _, transition := range []string{"requested", "approved", "consumed"} {
+			require.Contains(t, got, `idemgate_approval_transitions_total{operation="transfer",transition="`+transition+`"} 1`, steps["22"])
+		}
+	})
+
+	t.Run("one execution over HTTP, one over MCP, one approved", func(t *testing.T) {
 		require.NotEmpty(t, mfp)
-		require.Equal(t, 2, strings.Count(d.stderr.String(), `msg="payments: executed transfer"`))
+		require.Equal(t, 3, strings.Count(d.stderr.String(), `msg="payments: executed transfer"`))
 		require.Eventually(t, func() bool { return strings.Count(d.stderr.String(), `"POST /mcp HTTP/1.1" 200`) == 5 },
 			10*time.Second, 50*time.Millisecond, "steps 9-13 went through Envoy (its access log is flushed every few seconds)")
 	})
@@ -358,10 +452,10 @@ func TestDemoPrintedCommandsShowWhatTheySay(t *testing.T) {
 		count := func(route string) int {
 			return strings.Count(d.stderr.String(), `"POST /v1/transfers/`+route+` HTTP/1.1" `)
 		}
-		require.Eventually(t, func() bool { return count("confirm") == 6 }, 10*time.Second, 50*time.Millisecond,
-			"steps 2, 3a, 3b, 5, 6 and 7 confirm; log:\n%s", d.stderr.String())
-		require.Equal(t, 1, count("preview"))
-		require.Equal(t, 1, count("status"))
+		require.Eventually(t, func() bool { return count("confirm") == 9 }, 10*time.Second, 50*time.Millisecond,
+			"steps 2, 3a, 3b, 5, 6, 7, 15, 20 and 21 confirm; log:\n%s", d.stderr.String())
+		require.Equal(t, 2, count("preview"))
+		require.Equal(t, 2, count("status"))
 	})
 
 	require.NoError(t, d.stop(t))
@@ -410,7 +504,11 @@ func TestDemoConfigIsTheShippedOneWithTheMemoryStore(t *testing.T) {
 	shippedSettings, _, err := settings.Parse("envoy/idemgate.yaml", envoy.IdemgateYAML(), ".", config.Options{LookupEnv: lookup})
 	require.NoError(t, err)
 	shipped := shippedSettings.Runtime
-	_, demoSettings, _, key, keySource, err := demoConfig(lookup)
+	jwks := filepath.Join(t.TempDir(), "approvers.jwks")
+	approvers, err := newApproverKey()
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(jwks, approvers.jwks(), 0o600))
+	_, demoSettings, _, key, keySource, err := demoConfig(lookup, jwks)
 	require.NoError(t, err)
 	demoRT := demoSettings.Runtime
 	require.Equal(t, "from "+demoKeyEnv, keySource)
@@ -425,8 +523,21 @@ func TestDemoConfigIsTheShippedOneWithTheMemoryStore(t *testing.T) {
 	require.Equal(t, shipped.Limits, demoRT.Limits)
 	require.Equal(t, shipped.Language, demoRT.Language)
 	require.Len(t, demoRT.Operations, len(shipped.Operations))
+	require.Equal(t, "127.0.0.1:0", demoSettings.ApprovalListen, "the approvers' API on a loopback port serve picks")
 	for i, want := range shipped.Operations {
 		got := demoRT.Operations[i]
+		// The one addition: the transfer operation (HTTP) needs a person's
+		// approval from the threshold up, for steps 14-22.
+		require.Nil(t, want.Approval, "the shipped config has no approvers; the demo brings its own")
+		if got.Name == demoApprovedOperation {
+			require.NotNil(t, got.Approval)
+			require.Equal(t, 1, got.Approval.Required)
+			require.True(t, got.Approval.DistinctFromRequester)
+			require.Equal(t, demoApprovalTTL, got.Approval.TTL)
+			require.Equal(t, jwks, got.Approval.JWKSFile)
+		} else {
+			require.Nil(t, got.Approval, "operation %s", got.Name)
+		}
 		require.Equal(t, want.Name, got.Name)
 		require.Equal(t, want.Scope, got.Scope)
 		require.Equal(t, want.Preview, got.Preview)
@@ -459,7 +570,7 @@ func TestDemoConfigIsTheShippedOneWithTheMemoryStore(t *testing.T) {
 
 	// Without it, a key is generated for the run.
 	delete(env, demoKeyEnv)
-	_, generatedSettings, _, key, keySource, err := demoConfig(lookup)
+	_, generatedSettings, _, key, keySource, err := demoConfig(lookup, jwks)
 	generated := generatedSettings.Runtime
 	require.NoError(t, err)
 	require.Contains(t, keySource, "generated for this run")

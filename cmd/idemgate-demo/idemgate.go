@@ -14,6 +14,8 @@ import (
 type idemgateServer struct {
 	*child
 	grpcAddr, adminAddr string
+	// approvalAddr is where the approvers' API (approval_listen) listens.
+	approvalAddr string
 }
 
 // idemgateReadyTimeout bounds idemgate's start (the memory store needs no
@@ -24,6 +26,10 @@ const idemgateReadyTimeout = 30 * time.Second
 // config asks for text logs), which names the addresses it bound:
 // msg="idemgate serving" version=... grpc=127.0.0.1:N admin=127.0.0.1:M ...
 var servingLine = regexp.MustCompile(`msg="idemgate serving" .*\bgrpc=(\S+) admin=(\S+)`)
+
+// approvalsLine is logged before servingLine when approval_listen is set
+// (the demo config sets it to port 0): msg="approvers' API serving" listen=...
+var approvalsLine = regexp.MustCompile(`msg="approvers' API serving" listen=(\S+)`)
 
 // startIdemgate runs `bin serve` on config (written to w.dir) with both
 // listeners on loopback port 0, so no port can be taken between choosing
@@ -46,6 +52,11 @@ func (w workspace) startIdemgate(ctx context.Context, bin string, config []byte,
 			if m := servingLine.FindStringSubmatch(line); m != nil {
 				mu.Lock()
 				s.grpcAddr, s.adminAddr = m[1], m[2]
+				mu.Unlock()
+			}
+			if m := approvalsLine.FindStringSubmatch(line); m != nil {
+				mu.Lock()
+				s.approvalAddr = m[1]
 				mu.Unlock()
 			}
 			// serve prints this plain line once both listeners serve.
@@ -76,6 +87,10 @@ func (w workspace) startIdemgate(ctx context.Context, bin string, config []byte,
 	if s.grpcAddr == "" || s.adminAddr == "" {
 		_ = c.stop(5 * time.Second)
 		return nil, fmt.Errorf(`idemgate is ready but logged no msg="idemgate serving" line with its addresses`)
+	}
+	if s.approvalAddr == "" {
+		_ = c.stop(5 * time.Second)
+		return nil, fmt.Errorf(`idemgate is ready but logged no msg="approvers' API serving" line with its address`)
 	}
 	return s, nil
 }

@@ -28,6 +28,14 @@ const (
 	// the JSON on its input (curl -i output of a preview): POSIX sed, so the
 	// demo needs no jq. Base64url and "." never contain a quote.
 	fingerprintSed = `sed -n 's/.*"fingerprint" *: *"\([^"]*\)".*/\1/p'`
+
+	// demoBigTransfer is at or above demoApprovalThreshold: its confirm
+	// waits for an approver other than the requester.
+	demoBigTransfer = `{"amount":"1500.00","currency":"EUR","payee":{"account_id":"acc_7731","name":"Carol"},"memo":"deposit for the flat"}`
+
+	// approvalIDSed prints the value of the first "approval_id" member, as
+	// fingerprintSed does for "fingerprint".
+	approvalIDSed = `sed -n 's/.*"approval_id" *: *"\([^"]*\)".*/\1/p'`
 )
 
 // scriptInfo is what the printed script names: where each part of the
@@ -39,6 +47,10 @@ type scriptInfo struct {
 	frontURL, envoyAdminURL string
 	grpcAddr, idemgateAdmin string
 	paymentsURL             string
+	// approvalsURL is the approvers' API (approval_listen); approvers
+	// signs the approvers' tokens the script prints.
+	approvalsURL string
+	approvers    *approverKey
 }
 
 // demoScript is what the demo prints: a banner and the commands, all of it
@@ -49,6 +61,16 @@ func demoScript(st scriptInfo, now time.Time) (string, error) {
 		return "", err
 	}
 	bob, err := demoauth.Mint("bob", demoTokenTTL, now)
+	if err != nil {
+		return "", err
+	}
+	// Approver tokens for the two users: bob approves alice's transfer;
+	// alice's own is there to show that she cannot approve it herself.
+	aliceApprover, err := st.approvers.mint("alice", demoTokenTTL, now)
+	if err != nil {
+		return "", err
+	}
+	bobApprover, err := st.approvers.mint("bob", demoTokenTTL, now)
 	if err != nil {
 		return "", err
 	}
@@ -64,6 +86,7 @@ func demoScript(st scriptInfo, now time.Time) (string, error) {
 	line("#   Envoy (envoy/envoy.yaml: jwt_authn, ext_proc, router)  %s   <- send requests here (admin: %s)", st.frontURL, st.envoyAdminURL)
 	line("#   idemgate serve, memory store (ext_proc gRPC)            %s (admin: http://%s/metrics)", st.grpcAddr, st.idemgateAdmin)
 	line("#   demo payments API (the upstream)                        %s", st.paymentsURL)
+	line("#   idemgate's approvers' API (approval_listen)             %s", st.approvalsURL)
 	line("#   Envoy binary: %s", st.envoyBin)
 	line("#   fingerprint signing key: %s", st.keySource)
 	line("# Logs (Envoy's access log and idemgate's event=security_alert lines included) go to stderr. Ctrl-C or SIGTERM stops all three.")
@@ -78,6 +101,12 @@ func demoScript(st scriptInfo, now time.Time) (string, error) {
 	line("# For step 6: a fingerprint for alice and this same transfer, signed by the demo with this run's key but expired %s before it started,", shortDuration(demoExpiredBy))
 	line("# i.e. a preview older than ttl.fingerprint (%s); the demo mints it so that step 6 needs no %s wait.", fpTTL, fpTTL)
 	line("EXPIRED_FP=%s", expired)
+	line("APPROVALS=%s", st.approvalsURL)
+	line("ADMIN=http://%s", st.idemgateAdmin)
+	line("# For steps 14-22: the approvers' bearer tokens (EdDSA, a key generated for this run; issuer %s, audience %s).", demoApproverIssuer, demoApproverAudience)
+	line("# In production the SSO proxy in front of approval_listen sets them; an agent's token (ALICE above) is not one.")
+	line("ALICE_APPROVER=%s", aliceApprover)
+	line("BOB_APPROVER=%s", bobApprover)
 	line("")
 	line("# 1. Preview as alice: the payments API quotes; idemgate adds \"fingerprint\" and \"fingerprint_expires_at\" (now + %s) to the body and an Idempotency-Fingerprint header. Expect 200; nothing stored, nothing executed.", fpTTL)
 	line(`PREVIEW=$(%s); printf '%%s\n' "$PREVIEW"`, demoCurl("preview", "$ALICE", "", "'"+demoTransfer+"'"))
@@ -124,6 +153,29 @@ func demoScript(st scriptInfo, now time.Time) (string, error) {
 	line(`%s -d '%s'`, mcpCurl, mcpCall(4, "transfer_confirm", `{"fingerprint":"'"$MFP"'",`+demoTransfer[1:]))
 	line("# 13. The status tool, answered by idemgate itself: \"status\":\"completed\" with the stored result.")
 	line(`%s -d '%s'`, mcpCurl, mcpCall(5, "transfer_status", `{"fingerprint":"'"$MFP"'"}`))
+	line("")
+	line("# Human approval (DESIGN section 10): in this demo a transfer of %s or more needs one approver other than the requester (approval block of the transfer operation).", demoApprovalThreshold)
+	line("# 14. Preview 1500.00 as alice: expect 200 with \"approval_required\":true and a fingerprint that lives approval.ttl (%s) instead of %s, so people have time to decide.", shortDuration(demoApprovalTTL), fpTTL)
+	line(`APREVIEW=$(%s); printf '%%s\n' "$APREVIEW"`, demoCurl("preview", "$ALICE", "", "'"+demoBigTransfer+"'"))
+	line(`AFP=$(printf '%%s\n' "$APREVIEW" | %s); echo "AFP=$AFP"`, fingerprintSed)
+	line("# 15. Confirm it as alice: expect 202 \"status\":\"approval_pending\" with an approval_id and Retry-After; nothing executed. Every retry gets the same approval_id until someone decides.")
+	line(`PENDING=$(%s); printf '%%s\n' "$PENDING"`, demoCurl("confirm", "$ALICE", "", withNamedFingerprint("$AFP", demoBigTransfer)))
+	line(`APPROVAL_ID=$(printf '%%s\n' "$PENDING" | %s); echo "APPROVAL_ID=$APPROVAL_ID"`, approvalIDSed)
+	line("# 16. bob reads it on the approvers' API: expect 200 \"state\":\"pending\", the bound params that will run (amount, currency, payee.account_id), the requester alice and the rule that fired.")
+	line("#     (People use the page $APPROVALS/approvals/$APPROVAL_ID behind their SSO proxy; it shows the same and has approve/deny buttons.)")
+	line("%s", approvalCurl("$BOB_APPROVER", "", ""))
+	line("# 17. alice tries to approve her own transfer: expect 403 \"error\":\"approval_forbidden\" (four eyes) and an event=security_alert reason=self_approval line in the log.")
+	line("%s", approvalCurl("$ALICE_APPROVER", "approve", "I need it today"))
+	line("# 18. bob approves it with a reason: expect 200 \"state\":\"approved\" and his decision listed.")
+	line("%s", approvalCurl("$BOB_APPROVER", "approve", "payee verified by phone"))
+	line("# 19. The status tool now says approval_granted: call the confirm again, same fingerprint and params.")
+	line("%s", demoCurl("status", "$ALICE", "$AFP", "'{}'"))
+	line("# 20. alice confirms again: expect 200 \"status\":\"completed\" and a transfer_id; the approval is consumed in the step that lets the transfer run. Executed once.")
+	line("%s", demoCurl("confirm", "$ALICE", "", withNamedFingerprint("$AFP", demoBigTransfer)))
+	line("# 21. A repeated confirm: expect 200 \"status\":\"already_completed\", Idempotent-Replayed: true; the approval is not used twice, the payments API not called.")
+	line("%s", demoCurl("confirm", "$ALICE", "", withNamedFingerprint("$AFP", demoBigTransfer)))
+	line("# 22. idemgate's metrics count each approval transition: requested, approved (decided on the approvers' API) and consumed, 1 each.")
+	line(`curl -sS "$ADMIN/metrics" | grep '^idemgate_approval_transitions_total'`)
 	return b.String(), nil
 }
 
@@ -159,7 +211,22 @@ func demoCurl(route, token, headerFingerprint, body string) string {
 
 // withFingerprint quotes a transfer for sh with "fingerprint":"$FP" first.
 func withFingerprint(transfer string) string {
-	return `'{"fingerprint":"'"$FP"'",` + transfer[1:] + `'`
+	return withNamedFingerprint("$FP", transfer)
+}
+
+// withNamedFingerprint is withFingerprint with the variable v ("$AFP").
+func withNamedFingerprint(v, transfer string) string {
+	return `'{"fingerprint":"'"` + v + `"'",` + transfer[1:] + `'`
+}
+
+// approvalCurl is one call of the approvers' API on $APPROVAL_ID as the
+// holder of token: a read without action, else a decision with reason.
+func approvalCurl(token, action, reason string) string {
+	c := `curl -sS -i -w '\n' -H "Authorization: Bearer ` + token + `"`
+	if action == "" {
+		return c + ` "$APPROVALS/v1/approvals/$APPROVAL_ID"`
+	}
+	return c + ` -H 'Content-Type: application/json' -d '{"reason":"` + reason + `"}' "$APPROVALS/v1/approvals/$APPROVAL_ID/` + action + `"`
 }
 
 // expiredFingerprint signs demoTransfer for subject with the demo's key and

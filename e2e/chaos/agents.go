@@ -223,6 +223,16 @@ func (a *Agent) confirmLoop(ctx context.Context, is Issued, memo string) {
 		case ClassReconcile:
 			a.status(ctx, is)
 			return
+		case ClassApprovalPending:
+			// As approval_pending instructs: wait, ask the status tool
+			// now and then, then confirm again, same fingerprint.
+			a.sleep(ctx, time.Duration(300+a.rng.IntN(900))*time.Millisecond)
+			if a.rng.IntN(3) == 0 {
+				a.tries++
+				if st := a.status(ctx, is); st.Envelope != nil && st.Envelope.Status == "approval_denied" {
+					return
+				}
+			}
 		case ClassInProgress:
 			if done := a.poll(ctx, is, c.Envelope); done {
 				return
@@ -277,12 +287,12 @@ func (a *Agent) poll(ctx context.Context, is Issued, e *Envelope) bool {
 			continue
 		}
 		switch c.Envelope.Status {
-		case "completed", "failed", "needs_reconciliation":
+		case "completed", "failed", "needs_reconciliation", "approval_denied":
 			if c.Envelope.Status == "completed" {
 				a.mem.add(a.user, is)
 			}
 			return true
-		case "not_started":
+		case "not_started", "approval_granted":
 			return false
 		}
 	}

@@ -72,6 +72,27 @@ func TestChaos(t *testing.T) {
 			if n := res.History.TotalExecutions; n == 0 {
 				t.Errorf("nothing executed: nothing was tested")
 			}
+			consumed, denied := 0, 0
+			for _, a := range res.History.Approvals {
+				switch a.State {
+				case "CONSUMED":
+					consumed++
+				case "DENIED":
+					denied++
+				}
+			}
+			if consumed == 0 {
+				t.Errorf("no approved transfer executed: invariant 7 tested nothing")
+			}
+			selfRefused := 0
+			for _, d := range res.History.Decisions {
+				if d.Self && d.Error == "approval_forbidden" {
+					selfRefused++
+				}
+			}
+			if denied == 0 || selfRefused == 0 {
+				t.Logf("approvals: %d denied, %d self-approvals refused in this run", denied, selfRefused)
+			}
 		})
 	}
 }

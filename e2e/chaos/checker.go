@@ -10,7 +10,7 @@ import (
 
 // Violation is one broken invariant.
 type Violation struct {
-	// Invariant is which of Check's six numbered invariants broke (1..6;
+	// Invariant is which of Check's seven numbered invariants broke (1..7;
 	// README's "Chaos run" lists them).
 	Invariant int
 	Nonce     string
@@ -33,7 +33,11 @@ const (
 	ClassUnavailable = "temporarily_unavailable"
 	ClassPreview     = "preview_again" // params_changed, fingerprint_expired...: a new preview
 	ClassInfra       = "infra"         // a transport error or a reply idemgate did not write
-	ClassDeadEnd     = "dead_end"      // an answer an agent cannot act on
+	// ClassApprovalPending: people have not decided yet; confirm again later.
+	ClassApprovalPending = "approval_pending"
+	// ClassDenied: a person denied it; decided for good, nothing runs.
+	ClassDenied  = "approval_denied"
+	ClassDeadEnd = "dead_end" // an answer an agent cannot act on
 )
 
 // faultSlack widens a fault's window when matching it to calls: a call
@@ -69,7 +73,13 @@ func classify(c Call) string {
 		if e.Retryable != nil && *e.Retryable {
 			return ClassUnavailable
 		}
-	case "params_changed", "fingerprint_expired", "fingerprint_invalid", "fingerprint_required":
+	case "approval_pending":
+		if e.Retryable != nil && *e.Retryable && e.ApprovalID != "" {
+			return ClassApprovalPending
+		}
+	case "approval_denied":
+		return ClassDenied
+	case "params_changed", "fingerprint_expired", "fingerprint_invalid", "fingerprint_required", "approval_expired":
 		if e.PreviewWith != "" {
 			return ClassPreview
 		}
@@ -164,7 +174,7 @@ func Check(h History) []Violation {
 		}
 		switch cls := classify(last); {
 		case last.Kind == KindStatus && last.Envelope != nil && isTerminalStatus(last.Envelope.Status):
-		case last.Kind == KindConfirm && (cls == ClassResult || cls == ClassReplay || cls == ClassReconcile):
+		case last.Kind == KindConfirm && (cls == ClassResult || cls == ClassReplay || cls == ClassReconcile || cls == ClassDenied):
 		default:
 			add(2, n, "never decided: the last answer (call %d) was %s", last.ID, describe(last))
 		}
@@ -273,6 +283,9 @@ func Check(h History) []Violation {
 			add(6, u.Nonce, "the upstream received Idempotency-Key %q for this fingerprint", u.Key)
 		}
 	}
+
+	// (7) Human approval (DESIGN section 10).
+	checkApprovals(h, upByNonce, add)
 
 	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].Invariant != out[j].Invariant {
@@ -395,7 +408,7 @@ func lastDecisive(calls []Call) (Call, bool) {
 }
 
 func isTerminalStatus(s string) bool {
-	return s == "completed" || s == "failed" || s == "needs_reconciliation"
+	return s == "completed" || s == "failed" || s == "needs_reconciliation" || s == "approval_denied"
 }
 
 // resultOf is the upstream result a call carries: a passed-through 2xx/4xx
@@ -499,4 +512,108 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// checkApprovals is invariant 7: a gated nonce (its previewed amount at
+// least h.ApprovalAtLeast) reaches the upstream only with exactly one
+// approval, CONSUMED before the call, approved by at least the configured
+// number of distinct approvers, none of them the requester, and denied by
+// nobody; a denied approval never runs; an approval is consumed at most
+// once, for its own nonce; idemgate refuses every self-approval.
+func checkApprovals(h History, upByNonce map[string][]UpstreamCall, add func(int, string, string, ...any)) {
+	if h.ApprovalAtLeast == "" {
+		return
+	}
+	threshold, ok := new(big.Rat).SetString(h.ApprovalAtLeast)
+	if !ok {
+		add(7, "", "unreadable approval threshold %q", h.ApprovalAtLeast)
+		return
+	}
+	byKey := map[string][]ApprovalRow{}
+	for _, a := range h.Approvals {
+		byKey[a.Key] = append(byKey[a.Key], a)
+		approvers := map[string]bool{}
+		consumed, denied := 0, false
+		for _, e := range a.Events {
+			switch e.Kind {
+			case "approved":
+				approvers[e.Actor] = true
+			case "denied":
+				denied = true
+			case "consumed":
+				consumed++
+			}
+		}
+		if approvers[a.Requester] {
+			add(7, a.Key, "approval %s was approved by its requester %s", a.ID, a.Requester)
+		}
+		if consumed > 1 {
+			add(7, a.Key, "approval %s was consumed %d times", a.ID, consumed)
+		}
+		if (a.State == "CONSUMED") != (consumed == 1) {
+			add(7, a.Key, "approval %s is %s with %d consumed events", a.ID, a.State, consumed)
+		}
+		if denied && (a.State == "CONSUMED" || a.State == "APPROVED") {
+			add(7, a.Key, "approval %s was denied, yet it is %s", a.ID, a.State)
+		}
+		if (a.State == "CONSUMED" || a.State == "APPROVED") && len(approvers) < a.Required {
+			add(7, a.Key, "approval %s is %s with %d distinct approvers, %d required", a.ID, a.State, len(approvers), a.Required)
+		}
+		if denied && len(upByNonce[a.Key]) > 0 {
+			add(7, a.Key, "approval %s was denied, yet its nonce reached the upstream %d times", a.ID, len(upByNonce[a.Key]))
+		}
+	}
+	for _, n := range sortedKeys(byKey) {
+		if k := len(byKey[n]); k > 1 {
+			add(7, n, "%d approvals for one nonce", k)
+		}
+	}
+	executed := map[string]bool{}
+	for n := range upByNonce {
+		executed[n] = true
+	}
+	for n, k := range h.ExecutionsByKey {
+		if k > 0 {
+			executed[n] = true
+		}
+	}
+	for _, n := range sortedKeys(executed) {
+		is, ok := h.Issued[n]
+		if !ok {
+			continue // invariant 6
+		}
+		amount, ok := new(big.Rat).SetString(is.Params.Amount)
+		if !ok || amount.Cmp(threshold) < 0 {
+			continue
+		}
+		as := byKey[n]
+		if len(as) != 1 {
+			add(7, n, "a gated transfer (amount %s) reached the upstream with %d approvals", is.Params.Amount, len(as))
+			continue
+		}
+		a := as[0]
+		if a.State != "CONSUMED" {
+			add(7, n, "a gated transfer reached the upstream, but its approval %s is %s", a.ID, a.State)
+			continue
+		}
+		if a.Required < h.ApprovalRequired {
+			add(7, n, "approval %s required %d approvers, the run configured %d", a.ID, a.Required, h.ApprovalRequired)
+		}
+		var consumedAt time.Time
+		for _, e := range a.Events {
+			if e.Kind == "consumed" {
+				consumedAt = e.At
+			}
+		}
+		for _, u := range upByNonce[n] {
+			if u.At.Before(consumedAt) {
+				add(7, n, "the upstream was called at %s, before approval %s was consumed at %s", u.At.Format(time.RFC3339Nano), a.ID, consumedAt.Format(time.RFC3339Nano))
+			}
+		}
+	}
+	for _, d := range h.Decisions {
+		if d.Self && d.Kind == DecideApprove && d.HTTP >= 200 && d.HTTP < 300 {
+			add(7, "", "approval %s: its requester %s approved it (HTTP %d)", d.ApprovalID, d.Approver, d.HTTP)
+		}
+	}
 }

@@ -312,3 +312,108 @@ func TestInvariant2NonceFaultExplainsOnlyItsOwnWindow(t *testing.T) {
 		t.Fatalf("an upstream fault outside the call's window explained it: %v", vs)
 	}
 }
+
+// gatedHistory is validHistory with approval: A (12.50) is at least the
+// threshold, was pending once, approved by two people other than its
+// requester, consumed just before its one upstream call; B (7) needs none.
+func gatedHistory() History {
+	h := validHistory()
+	h.ApprovalAtLeast, h.ApprovalRequired = "10.00", 2
+	h.Calls = append(h.Calls, Call{ID: 10, Kind: KindConfirm, Pod: 0, Nonce: nonceA, Token: tokA, Params: paramsA, Start: at(12), End: at(14), HTTP: 202,
+		Envelope: &Envelope{Status: "approval_pending", Retryable: yes(), PollWith: "transfer_status", ApprovalID: "apr_a"}})
+	h.Approvals = []ApprovalRow{{
+		ID: "apr_a", Key: nonceA, Operation: "transfer", Requester: "alice", State: "CONSUMED", Required: 2,
+		Events: []ApprovalEvent{
+			{Kind: "requested", Actor: "alice", At: at(13)},
+			{Kind: "approved", Actor: "bob", At: at(15)},
+			{Kind: "approved", Actor: "carol", At: at(16)},
+			{Kind: "consumed", Actor: "alice", At: at(22)},
+		},
+	}}
+	h.Decisions = []Decision{
+		{At: at(14), Approver: "alice", ApprovalID: "apr_a", Kind: DecideApprove, Self: true, HTTP: 403, Error: "approval_forbidden"},
+		{At: at(15), Approver: "bob", ApprovalID: "apr_a", Kind: DecideApprove, HTTP: 200},
+		{At: at(16), Approver: "carol", ApprovalID: "apr_a", Kind: DecideApprove, HTTP: 200},
+	}
+	return h
+}
+
+func TestInvariant7GatedHistoryPasses(t *testing.T) {
+	requireOnly(t, gatedHistory(), "", 0)
+	// A denied approval whose nonce never ran is a decided end.
+	h := gatedHistory()
+	h.Approvals = append(h.Approvals, ApprovalRow{ID: "apr_b", Key: nonceB, Requester: "alice", State: "DENIED", Required: 2,
+		Events: []ApprovalEvent{{Kind: "requested"}, {Kind: "denied", Actor: "bob"}}})
+	h.Upstream = h.Upstream[:1]
+	h.ExecutionsByKey, h.TotalExecutions = map[string]int{nonceA: 1}, 1
+	h.Rows = map[string]Row{nonceA: h.Rows[nonceA]}
+	h.Calls = append(h.Calls[:6], Call{ID: 7, Kind: KindConfirm, Pod: 2, Nonce: nonceB, Token: tokB, Params: paramsB, Start: at(2000), End: at(2010), HTTP: 403,
+		Envelope: &Envelope{Status: "approval_denied", Retryable: new(bool)}})
+	requireOnly(t, h, "", 0)
+}
+
+func TestInvariant7GatedExecutionWithoutApproval(t *testing.T) {
+	h := gatedHistory()
+	h.Approvals = nil
+	requireOnly(t, h, nonceA, 7)
+}
+
+func TestInvariant7TooFewApprovers(t *testing.T) {
+	h := gatedHistory()
+	h.Approvals[0].Events = append(h.Approvals[0].Events[:2], h.Approvals[0].Events[3])
+	requireOnly(t, h, nonceA, 7)
+	// The same approver twice is one approver.
+	h = gatedHistory()
+	h.Approvals[0].Events[2].Actor = "bob"
+	requireOnly(t, h, nonceA, 7)
+}
+
+func TestInvariant7ApprovedByTheRequester(t *testing.T) {
+	h := gatedHistory()
+	h.Approvals[0].Events[2].Actor = "alice"
+	requireOnly(t, h, nonceA, 7)
+	// idemgate accepted the requester's approve.
+	h = gatedHistory()
+	h.Decisions[0].HTTP, h.Decisions[0].Error = 200, ""
+	requireOnly(t, h, "", 7)
+}
+
+func TestInvariant7ExecutedBeforeConsumed(t *testing.T) {
+	h := gatedHistory()
+	h.Approvals[0].Events[3].At = at(30) // after the upstream call at 25
+	requireOnly(t, h, nonceA, 7)
+}
+
+func TestInvariant7NotConsumed(t *testing.T) {
+	h := gatedHistory()
+	h.Approvals[0].State = "APPROVED"
+	h.Approvals[0].Events = h.Approvals[0].Events[:3]
+	requireOnly(t, h, nonceA, 7)
+}
+
+func TestInvariant7DeniedExecuted(t *testing.T) {
+	h := gatedHistory()
+	h.Approvals[0].State = "DENIED"
+	h.Approvals[0].Events = append(h.Approvals[0].Events[:1], ApprovalEvent{Kind: "denied", Actor: "bob"})
+	requireOnly(t, h, nonceA, 7)
+}
+
+func TestInvariant7ConsumedTwice(t *testing.T) {
+	h := gatedHistory()
+	h.Approvals[0].Events = append(h.Approvals[0].Events, ApprovalEvent{Kind: "consumed", Actor: "alice", At: at(24)})
+	requireOnly(t, h, nonceA, 7)
+	// Or one approval row per nonce twice over: two approvals of one nonce.
+	h = gatedHistory()
+	second := h.Approvals[0]
+	second.ID = "apr_a2"
+	h.Approvals = append(h.Approvals, second)
+	requireOnly(t, h, nonceA, 7)
+}
+
+func TestApprovalAnswersAreDecidable(t *testing.T) {
+	// approval_pending is a retry later, not a dead end (invariant 2);
+	// one without its approval_id is.
+	h := gatedHistory()
+	h.Calls[len(h.Calls)-1].Envelope.ApprovalID = ""
+	requireOnly(t, h, nonceA, 2)
+}

@@ -32,6 +32,8 @@ type Envelope struct {
 	PreviewWith  string          `json:"preview_with"`
 	RetryAfterMS *int64          `json:"retry_after_ms"`
 	Result       json.RawMessage `json:"result"`
+	// ApprovalID is set on approval_pending.
+	ApprovalID string `json:"approval_id"`
 }
 
 // Call kinds.
@@ -141,6 +143,20 @@ type Row struct {
 	ResultBody   []byte
 }
 
+// ApprovalRow is an approval as PostgreSQL holds it at the end, with its
+// events in order.
+type ApprovalRow struct {
+	ID, Key, Operation, Requester, State string
+	Required                             int
+	Events                               []ApprovalEvent
+}
+
+// ApprovalEvent is an approval_event row.
+type ApprovalEvent struct {
+	Kind, Actor string
+	At          time.Time
+}
+
 // History is everything one run recorded, the checker's only input.
 type History struct {
 	Seed int64
@@ -161,14 +177,39 @@ type History struct {
 	// FaultsEnd is when the last fault ended; RowsAt when Rows were read.
 	FaultsEnd, RowsAt time.Time
 	InFlightTTL       time.Duration
+
+	// ApprovalAtLeast gates a fingerprint whose amount is at least it
+	// ("" when the run has no approval rule); ApprovalRequired is the
+	// configured number of distinct approvers.
+	ApprovalAtLeast  string
+	ApprovalRequired int
+	// Approvals are PostgreSQL's approval rows at the end; Decisions what
+	// the approvers sent.
+	Approvals []ApprovalRow
+	Decisions []Decision
 }
 
 // Recorder collects a run's history from many goroutines.
 type Recorder struct {
-	mu     sync.Mutex
-	calls  []Call
-	faults []Fault
-	issued map[string]Issued
+	mu        sync.Mutex
+	calls     []Call
+	faults    []Fault
+	issued    map[string]Issued
+	decisions []Decision
+}
+
+// Decision records an approver's call.
+func (r *Recorder) Decision(d Decision) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.decisions = append(r.decisions, d)
+}
+
+// Decisions returns a copy of the approvers' calls.
+func (r *Recorder) Decisions() []Decision {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Decision(nil), r.decisions...)
 }
 
 // NewRecorder returns an empty recorder.

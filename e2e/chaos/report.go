@@ -74,6 +74,29 @@ func Report(h History, vs []Violation, opts Options, took time.Duration) string 
 	}
 	fmt.Fprintf(&b, "UNKNOWN records: %d (%d of them IN_FLIGHT rows with an expired lease, not yet marked); causes: %s\n", len(unknown), unmarked, counts(causes))
 
+	apStates := map[string]int{}
+	for _, a := range h.Approvals {
+		apStates[a.State]++
+	}
+	decisions := map[string]int{}
+	for _, d := range h.Decisions {
+		name := d.Kind
+		if d.Self {
+			name = "self_" + name
+		}
+		switch {
+		case d.Err != "":
+			name += ":error"
+		case d.Error != "":
+			name += ":" + d.Error
+		default:
+			name += fmt.Sprintf(":%d", d.HTTP)
+		}
+		decisions[name]++
+	}
+	fmt.Fprintf(&b, "approvals (amount >= %s, %d distinct approvers): %d; %s\n", h.ApprovalAtLeast, h.ApprovalRequired, len(h.Approvals), counts(apStates))
+	fmt.Fprintf(&b, "approver decisions: %s\n", counts(decisions))
+
 	fmt.Fprintf(&b, "violations: %d\n", len(vs))
 	for i, v := range vs {
 		if i == 30 {

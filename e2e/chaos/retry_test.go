@@ -36,10 +36,14 @@ func TestShippedRetryOnResetDoublePays(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := NewRecorder()
 			ledger := NewLedger(rec)
-			tp := StartTopology(t, env, Options{Pods: 1, HonoursKeys: false, InFlightTTL: 3 * time.Second,
-				ConfirmRouteTimeout: 8 * time.Second, ConfirmRetryOn: tc.retryOn}, ledger)
 			client := &http.Client{}
 			defer client.CloseIdleConnections()
+			approvers, err := NewApprovers(client, rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tp := StartTopology(t, env, Options{Pods: 1, HonoursKeys: false, InFlightTTL: 3 * time.Second,
+				ConfirmRouteTimeout: 8 * time.Second, ConfirmRetryOn: tc.retryOn}, ledger, approvers)
 			a, err := agentSetup{seed: 1, users: 1, pods: tp.Pods, client: client, rec: rec}.newAgent(0, &memory{})
 			if err != nil {
 				t.Fatal(err)

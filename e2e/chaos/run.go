@@ -41,6 +41,8 @@ type Options struct {
 	// injector may crash and restart; otherwise a fresh database on the
 	// shared server (never restarted).
 	OwnPostgres bool
+	// Approvers is how many people decide approvals during the load.
+	Approvers int
 	// Rerun is the command the report prints to run this again.
 	Rerun string
 }
@@ -67,6 +69,9 @@ func (o *Options) defaults() {
 	if o.FaultGap == 0 {
 		o.FaultGap = 2 * time.Second
 	}
+	if o.Approvers == 0 {
+		o.Approvers = 3
+	}
 }
 
 // SafeRetryOn retries only what never reached the upstream.
@@ -87,14 +92,19 @@ func Run(t testing.TB, env stack.Env, opts Options) Result {
 	opts.defaults()
 	rec := NewRecorder()
 	ledger := NewLedger(rec)
-	tp := StartTopology(t, env, opts, ledger)
-	started := time.Now()
-
 	client := &http.Client{Transport: &http.Transport{
 		MaxIdleConnsPerHost: 64, IdleConnTimeout: 10 * time.Second,
 		DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
 	}}
 	defer client.CloseIdleConnections()
+	approvers, err := NewApprovers(client, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := StartTopology(t, env, opts, ledger, approvers)
+	approvers.pods = tp.Pods
+	started := time.Now()
+
 	mem := &memory{}
 	ctx, cancel := context.WithTimeout(context.Background(), opts.Duration)
 	defer cancel()
@@ -107,6 +117,8 @@ func Run(t testing.TB, env stack.Env, opts Options) Result {
 		}
 		wg.Go(func() { a.Run(ctx) })
 	}
+	// People decide the gated transfers meanwhile, through the same pods.
+	wg.Go(func() { approvers.Run(ctx, opts.Seed, opts.Approvers) })
 	in := NewInjector(tp, rec, opts.Seed, opts.FaultKinds)
 	injErr := in.Run(ctx, opts.FaultGap)
 	wg.Wait()
@@ -125,12 +137,19 @@ func Run(t testing.TB, env stack.Env, opts Options) Result {
 	if wait := time.Until(faultsEnd.Add(opts.InFlightTTL + 500*time.Millisecond)); wait > 0 {
 		time.Sleep(wait)
 	}
-	sweep(rec, tp.Pods, client, opts)
+	// Approvals the load left pending are decided, so that every gated
+	// fingerprint can end decided; the sweep settles those it creates.
+	approvers.SettlePending(opts.Seed)
+	sweep(rec, tp.Pods, client, opts, approvers)
 
 	rowsAt := time.Now()
 	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer rcancel()
 	rows, err := tp.Rows(rctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	approvals, err := tp.Approvals(rctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +159,9 @@ func Run(t testing.TB, env stack.Env, opts Options) Result {
 		Seed: opts.Seed, HonoursKeys: opts.HonoursKeys, Issued: issued, Calls: calls, Faults: faults,
 		Upstream: ledger.Calls(), ExecutionsByKey: st.ExecutionsByKey, TotalExecutions: st.Executions,
 		StoredResult: map[string][]byte{}, Rows: rows, FaultsEnd: faultsEnd, RowsAt: rowsAt,
-		InFlightTTL: opts.InFlightTTL,
+		InFlightTTL:     opts.InFlightTTL,
+		ApprovalAtLeast: ApprovalAtLeast, ApprovalRequired: ApprovalRequired,
+		Approvals: approvals, Decisions: rec.Decisions(),
 	}
 	if opts.HonoursKeys {
 		for k := range st.ExecutionsByKey {
@@ -170,7 +191,7 @@ func Run(t testing.TB, env stack.Env, opts Options) Result {
 
 // sweep confirms again, through the pods in turn, every fingerprint whose
 // last answer left it undecided, until it is decided (a few tries each).
-func sweep(rec *Recorder, pods []*Pod, client *http.Client, opts Options) {
+func sweep(rec *Recorder, pods []*Pod, client *http.Client, opts Options, approvers *Approvers) {
 	calls, _, _ := rec.Snapshot()
 	byNonce := map[string][]Call{}
 	agentOf := map[string]int{}
@@ -205,6 +226,10 @@ func sweep(rec *Recorder, pods []*Pod, client *http.Client, opts Options) {
 			if decided(c) {
 				break
 			}
+			if classify(c) == ClassApprovalPending && c.Envelope.ApprovalID != "" {
+				approvers.Settle(c.Envelope.ApprovalID, a.user, false)
+				continue
+			}
 			time.Sleep(500 * time.Millisecond)
 		}
 	}
@@ -216,7 +241,7 @@ func decided(c Call) bool {
 		return c.Envelope != nil && isTerminalStatus(c.Envelope.Status)
 	}
 	switch classify(c) {
-	case ClassResult, ClassReplay, ClassReconcile:
+	case ClassResult, ClassReplay, ClassReconcile, ClassDenied:
 		return true
 	}
 	return false

@@ -61,6 +61,9 @@ type Topology struct {
 type Pod struct {
 	Index    int
 	Idemgate *stack.Idemgate
+	// ApprovalAddr is the replica's approval_listen (fixed across its
+	// restarts, like its other listeners).
+	ApprovalAddr string
 
 	mu        sync.Mutex
 	envoy     *stack.Envoy
@@ -112,7 +115,7 @@ func (p *Pod) RestartEnvoy() error {
 const sentinelDownAfter = time.Second
 
 // StartTopology brings up everything for t; cleanups stop it.
-func StartTopology(t testing.TB, env stack.Env, opts Options, ledger *Ledger) *Topology {
+func StartTopology(t testing.TB, env stack.Env, opts Options, ledger *Ledger, approvers *Approvers) *Topology {
 	t.Helper()
 	tp := &Topology{t: t, opts: opts, envoyBin: env.EnvoyBin, MasterName: "idemchaos", Ledger: ledger}
 
@@ -177,10 +180,15 @@ func StartTopology(t testing.TB, env stack.Env, opts Options, ledger *Ledger) *T
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
+	jwks := filepath.Join(dir, "approvers.jwks")
+	if err := os.WriteFile(jwks, approvers.JWKS(), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for i := range opts.Pods {
 		grpcAddr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 		adminAddr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-		cfg, err := tp.replicaConfig(grpcAddr, adminAddr)
+		approvalAddr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+		cfg, err := tp.replicaConfig(grpcAddr, adminAddr, approvalAddr, approvers.ApprovalBlock(jwks))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -207,7 +215,7 @@ func StartTopology(t testing.TB, env stack.Env, opts Options, ledger *Ledger) *T
 			t.Fatalf("envoy %d did not start: %v", i, err)
 		}
 		t.Cleanup(e.Close)
-		tp.Pods = append(tp.Pods, &Pod{Index: i, Idemgate: g, envoy: e, bootstrap: bs, t: t, envoyBin: env.EnvoyBin})
+		tp.Pods = append(tp.Pods, &Pod{Index: i, Idemgate: g, ApprovalAddr: approvalAddr, envoy: e, bootstrap: bs, t: t, envoyBin: env.EnvoyBin})
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -221,8 +229,9 @@ func StartTopology(t testing.TB, env stack.Env, opts Options, ledger *Ledger) *T
 }
 
 // replicaConfig is the shipped idemgate.yaml for one replica: Redis through
-// the Sentinels, the run's TTLs and upstream timeout.
-func (tp *Topology) replicaConfig(grpcAddr, adminAddr string) ([]byte, error) {
+// the Sentinels, the run's TTLs and upstream timeout, and the transfer
+// operation gated by approval (the approvers' API on approvalAddr).
+func (tp *Topology) replicaConfig(grpcAddr, adminAddr, approvalAddr string, approval map[string]any) ([]byte, error) {
 	raw, err := stack.RenderIdemgateConfig(stack.ReplicaConfig{
 		GRPCAddr: grpcAddr, AdminAddr: adminAddr, RedisAddr: tp.Sentinels[0],
 		InFlightTTL: tp.opts.InFlightTTL, IgnoreKeys: !tp.opts.HonoursKeys,
@@ -243,6 +252,17 @@ func (tp *Topology) replicaConfig(grpcAddr, adminAddr string) ([]byte, error) {
 		addrs[i] = s
 	}
 	redis["addrs"] = addrs
+	doc["approval_listen"] = approvalAddr
+	gated := false
+	for _, o := range doc["operations"].([]any) {
+		if op := o.(map[string]any); op["name"] == "transfer" {
+			op["approval"] = approval
+			gated = true
+		}
+	}
+	if !gated {
+		return nil, errors.New("the shipped config has no transfer operation to gate")
+	}
 	return yaml.Marshal(doc)
 }
 
@@ -308,6 +328,46 @@ func (tp *Topology) Rows(ctx context.Context) (map[string]Row, error) {
 		out[r.Key] = r
 	}
 	return out, rows.Err()
+}
+
+// Approvals reads every approval and its events directly from PostgreSQL.
+func (tp *Topology) Approvals(ctx context.Context) ([]ApprovalRow, error) {
+	rows, err := tp.pool.Query(ctx, `SELECT approval_id, idem_key, operation, requester, state, required FROM approval ORDER BY created_at, approval_id`)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the approvals: %w", err)
+	}
+	var out []ApprovalRow
+	index := map[string]int{}
+	for rows.Next() {
+		var a ApprovalRow
+		if err := rows.Scan(&a.ID, &a.Key, &a.Operation, &a.Requester, &a.State, &a.Required); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		a.Key = strings.TrimSpace(a.Key)
+		index[a.ID] = len(out)
+		out = append(out, a)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	ev, err := tp.pool.Query(ctx, `SELECT approval_id, kind, coalesce(actor, ''), at FROM approval_event ORDER BY event_id`)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the approval events: %w", err)
+	}
+	defer ev.Close()
+	for ev.Next() {
+		var id string
+		var e ApprovalEvent
+		if err := ev.Scan(&id, &e.Kind, &e.Actor, &e.At); err != nil {
+			return nil, err
+		}
+		if i, ok := index[id]; ok {
+			out[i].Events = append(out[i].Events, e)
+		}
+	}
+	return out, ev.Err()
 }
 
 // proxyDSN rewrites dsn's host:port to what start returns for it.

@@ -62,6 +62,11 @@ type Options struct {
 	Logger    *slog.Logger
 	// Timeout bounds each store call (store.timeout when zero).
 	Timeout time.Duration
+	// Transition, if set, is told of each state change a decision made
+	// here causes (transition "approved" or "denied"), once: serve counts
+	// them in idemgate_approval_transitions_total, which the confirm
+	// stream feeds with requested and consumed.
+	Transition func(operation, transition string)
 }
 
 // Handler serves the API.
@@ -294,6 +299,7 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, id string, appr
 	ev := security.Event{Operation: after.Operation, Nonce: after.Key, SubjectTag: after.SubjectTag}
 	switch out {
 	case state.DecisionRecorded, state.DecisionRepeated:
+		h.transitioned(out, &after)
 		h.opts.Logger.Info("approval decision", "approval_id", id, "approver", subject, "approve", approve, "state", after.State, "outcome", out)
 		writeJSON(w, http.StatusOK, ViewOf(&after))
 	case state.DecisionSelfApproval:
@@ -310,6 +316,23 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, id string, appr
 		ev.Reason = ReasonUnknownApproval
 		h.report(r, ev)
 		writeError(w, http.StatusNotFound, "not_found", "no such approval")
+	}
+}
+
+// transitioned reports the state change of a recorded decision: a decision
+// is recorded only on a PENDING approval, so an approval that is now
+// APPROVED or DENIED moved there by this decision (an approve that leaves
+// it PENDING, waiting for more approvers, and a repeated approve move
+// nothing).
+func (h *Handler) transitioned(out state.DecisionOutcome, after *state.Approval) {
+	if h.opts.Transition == nil || out != state.DecisionRecorded {
+		return
+	}
+	switch after.State {
+	case state.ApprovalApproved:
+		h.opts.Transition(after.Operation, "approved")
+	case state.ApprovalDenied:
+		h.opts.Transition(after.Operation, "denied")
 	}
 }
 

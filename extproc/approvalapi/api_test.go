@@ -76,6 +76,11 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T, store statetest.ApprovalStore) *fixture {
+	return newFixtureWith(t, store, nil)
+}
+
+// newFixtureWith is newFixture with the handler's Transition hook.
+func newFixtureWith(t *testing.T, store statetest.ApprovalStore, transition func(operation, transition string)) *fixture {
 	pub, key, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
 	_, other, err := ed25519.GenerateKey(rand.Reader)
@@ -92,7 +97,7 @@ func newFixture(t *testing.T, store statetest.ApprovalStore) *fixture {
 	})
 	require.NoError(t, err)
 	ev := &events{}
-	h, err := New(Options{Config: rt, Approvals: store, Security: ev})
+	h, err := New(Options{Config: rt, Approvals: store, Security: ev, Transition: transition})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)

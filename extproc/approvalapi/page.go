@@ -132,6 +132,7 @@ func (h *Handler) pageDecide(w http.ResponseWriter, r *http.Request, id, subject
 	ev := security.Event{Operation: after.Operation, Nonce: after.Key, SubjectTag: after.SubjectTag}
 	switch out {
 	case state.DecisionRecorded, state.DecisionRepeated:
+		h.transitioned(out, &after)
 		h.opts.Logger.Info("approval decision", "approval_id", id, "approver", subject, "approve", approve, "state", after.State, "outcome", out, "via", "page")
 		http.Redirect(w, r, "/approvals/"+url.PathEscape(id), http.StatusSeeOther)
 	case state.DecisionSelfApproval:

@@ -26,14 +26,24 @@ func cloneApproval(a *state.Approval) state.Approval {
 	return out
 }
 
-// lapse marks an open approval past expires_at EXPIRED.
-func lapse(a *state.Approval, now time.Time) {
+// lapse marks an open approval past expires_at EXPIRED (and tells
+// OnApprovalLapse). Called with s.mu held.
+func (s *Store) lapse(a *state.Approval, now time.Time) {
 	if a.State.Open() && !now.Before(a.ExpiresAt) {
 		a.State = state.ApprovalExpired
 		a.UpdatedAt = now
 		a.Events = append(a.Events, state.ApprovalEvent{Kind: state.EventExpired, Actor: "idemgate", At: now})
+		if s.onLapse != nil {
+			s.onLapse(a.Operation)
+		}
 	}
 }
+
+// OnApprovalLapse sets fn to be told the operation of each approval this
+// store marks EXPIRED, once (serve counts them in
+// idemgate_approval_transitions_total). fn runs under the store's lock:
+// it must not call the store. Set it before use.
+func (s *Store) OnApprovalLapse(fn func(operation string)) { s.onLapse = fn }
 
 // RequestApproval implements state.Approvals.
 func (s *Store) RequestApproval(ctx context.Context, req state.ApprovalRequest) (state.Approval, bool, error) {
@@ -47,7 +57,7 @@ func (s *Store) RequestApproval(ctx context.Context, req state.ApprovalRequest) 
 	defer s.mu.Unlock()
 	if id, ok := s.approvalKeys[req.Key]; ok {
 		a := s.approvals[id]
-		lapse(a, now)
+		s.lapse(a, now)
 		return cloneApproval(a), false, nil
 	}
 	a := &state.Approval{
@@ -81,7 +91,7 @@ func (s *Store) ApprovalByKey(ctx context.Context, key string) (state.Approval, 
 		return state.Approval{}, false, nil
 	}
 	a := s.approvals[id]
-	lapse(a, now)
+	s.lapse(a, now)
 	return cloneApproval(a), true, nil
 }
 
@@ -96,7 +106,7 @@ func (s *Store) GetApproval(ctx context.Context, id string) (state.Approval, boo
 	if !ok {
 		return state.Approval{}, false, nil
 	}
-	lapse(a, now)
+	s.lapse(a, now)
 	return cloneApproval(a), true, nil
 }
 
@@ -109,7 +119,7 @@ func (s *Store) ListApprovals(ctx context.Context, f state.ApprovalFilter) ([]st
 	defer s.mu.Unlock()
 	var out []state.Approval
 	for _, a := range s.approvals {
-		lapse(a, now)
+		s.lapse(a, now)
 		if f.State == "" || a.State == f.State {
 			out = append(out, cloneApproval(a))
 		}
@@ -140,7 +150,7 @@ func (s *Store) DecideApproval(ctx context.Context, d state.Decision) (state.Dec
 	if !ok {
 		return state.DecisionNotFound, state.Approval{}, nil
 	}
-	lapse(a, now)
+	s.lapse(a, now)
 	out := state.DecideOn(a, d, now)
 	return out, cloneApproval(a), nil
 }
@@ -159,7 +169,7 @@ func (s *Store) AcquireApproved(ctx context.Context, req state.AcquireRequest, a
 	if !ok {
 		return state.ApprovedAnswer{}, nil
 	}
-	lapse(a, now)
+	s.lapse(a, now)
 	if !state.Grants(a, req) {
 		return state.ApprovedAnswer{Approval: cloneApproval(a)}, nil
 	}
@@ -232,7 +242,7 @@ func (s *Store) counts(key string, now time.Time) bool {
 		return false
 	}
 	a := s.approvals[id]
-	lapse(a, now)
+	s.lapse(a, now)
 	return a.State.Open()
 }
 

@@ -50,6 +50,8 @@ type Store struct {
 	spends map[spendKey]*spend
 	now    func() time.Time
 	closed bool
+	// onLapse is told of approvals marked EXPIRED (OnApprovalLapse).
+	onLapse func(operation string)
 }
 
 var _ state.Store = (*Store)(nil)

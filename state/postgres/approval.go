@@ -38,12 +38,14 @@ VALUES ($1, $2, $3, $4, $5, coalesce($6, now()))`
 WHERE approval_id = $1 ORDER BY event_id`
 
 	// lapseSQL marks open approvals past expires_at EXPIRED with their
-	// event; %s is the condition naming which.
+	// event and returns the operation of each one it marked (for
+	// OnApprovalLapse); %s is the condition naming which.
 	lapseSQL = `WITH lapsed AS (
 	UPDATE approval SET state = 'EXPIRED', updated_at = now()
 	WHERE %s AND state IN ('PENDING', 'APPROVED') AND expires_at <= now()
-	RETURNING approval_id)
-INSERT INTO approval_event (approval_id, kind, actor) SELECT approval_id, 'expired', 'idemgate' FROM lapsed`
+	RETURNING approval_id, operation),
+noted AS (INSERT INTO approval_event (approval_id, kind, actor) SELECT approval_id, 'expired', 'idemgate' FROM lapsed)
+SELECT operation FROM lapsed`
 )
 
 var (
@@ -91,14 +93,54 @@ func loadEvents(ctx context.Context, q querier, a *state.Approval) error {
 	return rows.Err()
 }
 
+// OnApprovalLapse sets fn to be told the operation of each approval this
+// store marks EXPIRED, once, after the marking committed (serve counts
+// them in idemgate_approval_transitions_total). Set it before use.
+func (s *Store) OnApprovalLapse(fn func(operation string)) { s.onLapse = fn }
+
+// noteLapsed reports committed lapses.
+func (s *Store) noteLapsed(ops []string) {
+	if s.onLapse == nil {
+		return
+	}
+	for _, op := range ops {
+		s.onLapse(op)
+	}
+}
+
+// lapseWith runs a lapse statement, appending the operations of the
+// approvals it marked to lapsed.
+func lapseWith(ctx context.Context, q querier, sql string, lapsed *[]string, args ...any) error {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var ops []string
+	for rows.Next() {
+		var op string
+		if err := rows.Scan(&op); err != nil {
+			return err
+		}
+		ops = append(ops, op)
+	}
+	if err := rows.Err(); err != nil {
+		return err // the statement failed: nothing was marked
+	}
+	*lapsed = append(*lapsed, ops...)
+	return nil
+}
+
 // readApproval lapses and reads one approval (where is "approval_id = $1"
 // or "idem_key = $1::char(32)"), with its events; lock adds FOR UPDATE.
-func readApproval(ctx context.Context, q querier, byKey bool, arg string, lock bool) (state.Approval, bool, error) {
+// The operations of the approvals it lapsed are appended to lapsed: the
+// caller reports them once they are committed.
+func readApproval(ctx context.Context, q querier, byKey bool, arg string, lock bool, lapsed *[]string) (state.Approval, bool, error) {
 	lapse, where := lapseByIDSQL, "approval_id = $1"
 	if byKey {
 		lapse, where = lapseByKeySQL, "idem_key = $1::char(32)"
 	}
-	if _, err := q.Exec(ctx, lapse, arg); err != nil {
+	if err := lapseWith(ctx, q, lapse, lapsed, arg); err != nil {
 		return state.Approval{}, false, err
 	}
 	sql := `SELECT ` + approvalCols + ` FROM approval WHERE ` + where
@@ -143,8 +185,10 @@ func (s *Store) RequestApproval(ctx context.Context, req state.ApprovalRequest) 
 	var (
 		a       state.Approval
 		created bool
+		lapsed  []string
 	)
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
+		lapsed = nil
 		tag, err := tx.Exec(ctx, insertApprovalSQL, req.ID, req.Key, req.Operation, req.Scope, req.SubjectTag, req.Requester,
 			req.ParamHash, string(req.Params), string(rules), req.Required, req.DistinctFromRequester, req.ExpiresAt)
 		if err != nil {
@@ -162,7 +206,7 @@ func (s *Store) RequestApproval(ctx context.Context, req state.ApprovalRequest) 
 			}
 		}
 		var found bool
-		a, found, err = readApproval(ctx, tx, true, req.Key, false)
+		a, found, err = readApproval(ctx, tx, true, req.Key, false, &lapsed)
 		if err == nil && !found {
 			err = errors.New("approval vanished between insert and read")
 		}
@@ -171,6 +215,7 @@ func (s *Store) RequestApproval(ctx context.Context, req state.ApprovalRequest) 
 	if err != nil {
 		return state.Approval{}, false, state.Unavailable("request approval in postgres", err)
 	}
+	s.noteLapsed(lapsed)
 	return a, created, nil
 }
 
@@ -179,7 +224,9 @@ func (s *Store) ApprovalByKey(ctx context.Context, key string) (state.Approval, 
 	if err := state.ValidKey(key); err != nil {
 		return state.Approval{}, false, err
 	}
-	a, found, err := readApproval(ctx, s.pool, true, key, false)
+	var lapsed []string
+	a, found, err := readApproval(ctx, s.pool, true, key, false, &lapsed)
+	s.noteLapsed(lapsed) // each statement on the pool commits by itself
 	if err != nil {
 		return state.Approval{}, false, state.Unavailable("read approval in postgres", err)
 	}
@@ -188,7 +235,9 @@ func (s *Store) ApprovalByKey(ctx context.Context, key string) (state.Approval, 
 
 // GetApproval implements state.Approvals.
 func (s *Store) GetApproval(ctx context.Context, id string) (state.Approval, bool, error) {
-	a, found, err := readApproval(ctx, s.pool, false, id, false)
+	var lapsed []string
+	a, found, err := readApproval(ctx, s.pool, false, id, false, &lapsed)
+	s.noteLapsed(lapsed)
 	if err != nil {
 		return state.Approval{}, false, state.Unavailable("read approval in postgres", err)
 	}
@@ -197,7 +246,10 @@ func (s *Store) GetApproval(ctx context.Context, id string) (state.Approval, boo
 
 // ListApprovals implements state.Approvals.
 func (s *Store) ListApprovals(ctx context.Context, f state.ApprovalFilter) ([]state.Approval, error) {
-	if _, err := s.pool.Exec(ctx, lapseAllSQL); err != nil {
+	var lapsed []string
+	err := lapseWith(ctx, s.pool, lapseAllSQL, &lapsed)
+	s.noteLapsed(lapsed)
+	if err != nil {
 		return nil, state.Unavailable("list approvals in postgres", err)
 	}
 	limit := f.Limit
@@ -237,13 +289,15 @@ func (s *Store) DecideApproval(ctx context.Context, d state.Decision) (state.Dec
 		return "", state.Approval{}, err
 	}
 	var (
-		out state.DecisionOutcome
-		a   state.Approval
+		out    state.DecisionOutcome
+		a      state.Approval
+		lapsed []string
 	)
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var found bool
 		var err error
-		a, found, err = readApproval(ctx, tx, false, d.ID, true)
+		lapsed = nil
+		a, found, err = readApproval(ctx, tx, false, d.ID, true, &lapsed)
 		if err != nil {
 			return err
 		}
@@ -272,6 +326,7 @@ func (s *Store) DecideApproval(ctx context.Context, d state.Decision) (state.Dec
 	if err != nil {
 		return "", state.Approval{}, state.Unavailable("decide approval in postgres", err)
 	}
+	s.noteLapsed(lapsed)
 	return out, a, nil
 }
 
@@ -284,8 +339,10 @@ func (s *Store) AcquireApproved(ctx context.Context, req state.AcquireRequest, a
 	}
 	var out state.ApprovedAnswer
 	raced := false
+	var lapsed []string
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		a, found, err := readApproval(ctx, tx, false, approvalID, true)
+		lapsed = nil
+		a, found, err := readApproval(ctx, tx, false, approvalID, true, &lapsed)
 		if err != nil || !found {
 			return err
 		}
@@ -329,6 +386,7 @@ func (s *Store) AcquireApproved(ctx context.Context, req state.AcquireRequest, a
 	if err != nil {
 		return state.ApprovedAnswer{}, state.Unavailable("acquire approved in postgres", err)
 	}
+	s.noteLapsed(lapsed)
 	if raced {
 		// Nothing was consumed; what is there answers.
 		rec, found, err := s.get(ctx, req.Key)

@@ -119,6 +119,8 @@ type Store struct {
 	pool  *pgxpool.Pool
 	batch *batcher // nil when batching is disabled
 	ahead time.Duration
+	// onLapse is told of approvals marked EXPIRED (OnApprovalLapse).
+	onLapse func(operation string)
 }
 
 var _ state.Store = (*Store)(nil)

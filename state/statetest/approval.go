@@ -338,7 +338,23 @@ func (s *approvalSuite) existingRecord(t *testing.T, st ApprovalStore) {
 	require.Equal(t, state.ApprovalApproved, ans.Approval.State, "nothing was created, so nothing is consumed")
 }
 
+// LapseReporter is a store that tells of the approvals it marks EXPIRED
+// (serve counts them): memory and postgres.
+type LapseReporter interface {
+	OnApprovalLapse(fn func(operation string))
+}
+
 func (s *approvalSuite) lapses(t *testing.T, st ApprovalStore) {
+	var mu sync.Mutex
+	var lapsed []string
+	reporter, reports := st.(LapseReporter)
+	if reporter != nil {
+		reporter.OnApprovalLapse(func(op string) {
+			mu.Lock()
+			defer mu.Unlock()
+			lapsed = append(lapsed, op)
+		})
+	}
 	pending := s.request(NewKey(t))
 	pending.ExpiresAt = s.opts.Now().Add(s.opts.Short)
 	p := create(t, st, pending)
@@ -366,6 +382,13 @@ func (s *approvalSuite) lapses(t *testing.T, st ApprovalStore) {
 	got, _, err = st.ApprovalByKey(ctxT(t), granted.Key)
 	require.NoError(t, err)
 	require.Equal(t, []string{state.EventRequested, state.EventApproved, state.EventExpired}, kinds(got), "expired once")
+	if reports {
+		_, err := st.ListApprovals(ctxT(t), state.ApprovalFilter{})
+		require.NoError(t, err)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, []string{"transfer", "transfer"}, lapsed, "each lapse reported once, by the call that marked it")
+	}
 }
 
 func (s *approvalSuite) concurrentConsume(t *testing.T, st ApprovalStore) {

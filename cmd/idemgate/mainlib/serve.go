@@ -175,7 +175,7 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 			errs <- fmt.Errorf("admin server stopped: %w", err)
 		}
 	}()
-	approvalSrv, err := serveApprovals(cfg, rt, ss, reporter, logger, errs)
+	approvalSrv, err := serveApprovals(cfg, rt, ss, reporter, metrics, logger, errs)
 	if err != nil {
 		return err
 	}
@@ -265,7 +265,7 @@ func adminHandler(reg *prometheus.Registry, hs *health.Server, ready *readiness,
 
 // serveApprovals starts the approvers' API on approval_listen (DESIGN
 // section 10), when it is set and the store keeps approvals.
-func serveApprovals(cfg *settings.Settings, rt *config.Runtime, ss *storeSet, reporter approvalapi.Reporter, logger *slog.Logger, errs chan<- error) (*http.Server, error) {
+func serveApprovals(cfg *settings.Settings, rt *config.Runtime, ss *storeSet, reporter approvalapi.Reporter, metrics *extproc.Metrics, logger *slog.Logger, errs chan<- error) (*http.Server, error) {
 	if cfg.ApprovalListen == "" {
 		return nil, nil
 	}
@@ -273,7 +273,7 @@ func serveApprovals(cfg *settings.Settings, rt *config.Runtime, ss *storeSet, re
 		logger.Warn("approval_listen is set but the store keeps no approvals (Redis alone): the approvers' API is not served")
 		return nil, nil
 	}
-	h, err := approvalapi.New(approvalapi.Options{Config: rt, Approvals: ss.approvals, Security: reporter, Logger: logger})
+	h, err := approvalapi.New(approvalapi.Options{Config: rt, Approvals: ss.approvals, Security: reporter, Logger: logger, Transition: metrics.ApprovalTransition})
 	if err != nil {
 		return nil, err
 	}

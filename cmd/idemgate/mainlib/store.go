@@ -50,6 +50,9 @@ func openStore(ctx context.Context, s settings.StoreSettings, metrics *extproc.M
 		if err != nil {
 			return nil, fmt.Errorf("failed to set up the PostgreSQL store (DSN from %s): %w", p.DSNSource, err)
 		}
+		// Lapses happen when an approval is next read, by whichever call
+		// (a confirm, the approvers' API): the store reports them once.
+		pg.OnApprovalLapse(func(op string) { metrics.ApprovalTransition(op, "expired") })
 		ss.pg = pg
 		pgStore = state.Instrument(pg, "postgres", obs)
 	}
@@ -76,6 +79,7 @@ func openStore(ctx context.Context, s settings.StoreSettings, metrics *extproc.M
 	switch ss.backend {
 	case "memory":
 		mem := memory.New(memory.Options{})
+		mem.OnApprovalLapse(func(op string) { metrics.ApprovalTransition(op, "expired") })
 		ss.store, ss.approvals = state.Instrument(mem, "memory", obs), mem
 	case "postgres":
 		ss.store = pgStore

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+const (
+	// The approvers' tokens have an issuer and audience of their own, as
+	// an SSO proxy in front of approval_listen would issue them: a token
+	// an agent holds for the payments API (demoauth's) is not one.
+	demoApproverIssuer   = "https://approvers.demo.idemgate.invalid"
+	demoApproverAudience = "idemgate-approvals"
+	// demoApprovalThreshold is the demo's at_least rule on transfer's
+	// amount: a transfer of this much or more waits for a person.
+	demoApprovalThreshold = "1000.00"
+	// demoApprovalTTL is the demo's approval.ttl (the life of an approval
+	// and of the fingerprint of a previewed transfer that needs one).
+	demoApprovalTTL = time.Hour
+)
+
+// approverKey signs the demo approvers' bearer tokens. It is generated for
+// each run and never leaves the process but as its public JWKS (the file
+// idemgate's approvers.jwt reads) and the tokens the script prints: the
+// demo ships no approver key, and the idemgate binary knows none.
+type approverKey struct {
+	priv ed25519.PrivateKey
+}
+
+func newApproverKey() (*approverKey, error) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("failed to generate the demo approvers' key: %w", err)
+	}
+	return &approverKey{priv: priv}, nil
+}
+
+// jwks is the public key set idemgate verifies approver tokens with.
+func (k *approverKey) jwks() []byte {
+	pub := k.priv.Public().(ed25519.PublicKey)
+	out, _ := json.Marshal(map[string]any{"keys": []any{map[string]string{
+		"kty": "OKP", "crv": "Ed25519", "alg": "EdDSA", "use": "sig", "kid": "demo-approvers",
+		"x": base64.RawURLEncoding.EncodeToString(pub),
+	}}})
+	return out
+}
+
+// mint signs an EdDSA JWT for the approver sub, valid from now for ttl.
+func (k *approverKey) mint(sub string, ttl time.Duration, now time.Time) (string, error) {
+	if sub == "" {
+		return "", errors.New("failed to mint an approver token: empty subject")
+	}
+	b64 := base64.RawURLEncoding
+	header, err := json.Marshal(map[string]string{"alg": "EdDSA", "typ": "JWT", "kid": "demo-approvers"})
+	if err != nil {
+		return "", err
+	}
+	claims, err := json.Marshal(map[string]any{
+		"iss": demoApproverIssuer, "aud": demoApproverAudience, "sub": sub,
+		"iat": now.Unix(), "exp": now.Add(ttl).Unix(),
+	})
+	if err != nil {
+		return "", err
+	}
+	signing := b64.EncodeToString(header) + "." + b64.EncodeToString(claims)
+	return signing + "." + b64.EncodeToString(ed25519.Sign(k.priv, []byte(signing))), nil
+}
