@@ -86,7 +86,7 @@ func TestIstioJudgeFails(t *testing.T) {
 		}, "operation path /v1/transfers/confirm takes route default"},
 		{"with the matcher reduced to the exact paths", func(t *testing.T, ef object) {
 			for _, p := range list(get(ef, "spec", "configPatches")) {
-				if get(p, "patch", "value", "name") != filterName {
+				if get(p, "patch", "value", "name") != filterName || get(p, "applyTo") != "HTTP_FILTER" {
 					continue
 				}
 				matchers := list(get(p, "patch", "value", "typed_config", "xds_matcher", "matcher_list", "matchers"))
