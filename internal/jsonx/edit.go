@@ -11,10 +11,29 @@ type Set struct {
 	Key  string
 	Raw  []byte
 	Text string
+	// name, when set, is the key as decoded bytes (a kept member's name,
+	// written without converting it to a string first).
+	name []byte
+}
+
+// appendName writes a decoded name as a JSON string, as AppendString would.
+func appendName(out, name []byte) []byte {
+	for _, c := range name {
+		if c < 0x20 || c == '"' || c == '\\' || c >= utf8.RuneSelf {
+			return AppendString(out, string(name))
+		}
+	}
+	out = append(out, '"')
+	out = append(out, name...)
+	return append(out, '"')
 }
 
 func appendMember(out []byte, s Set) []byte {
-	out = AppendString(out, s.Key)
+	if s.name != nil {
+		out = appendName(out, s.name)
+	} else {
+		out = AppendString(out, s.Key)
+	}
 	out = append(out, ':')
 	if s.Raw != nil {
 		return append(out, s.Raw...)
@@ -47,12 +66,12 @@ func Edit(raw []byte, remove []string, set ...Set) []byte {
 next:
 	for _, m := range ms {
 		for _, r := range remove {
-			if m.Key == r {
+			if string(m.Name) == r {
 				continue next
 			}
 		}
 		for j, s := range set {
-			if m.Key == s.Key {
+			if string(m.Name) == s.Key {
 				if !done[j] {
 					add(s)
 					done[j] = true
@@ -60,7 +79,7 @@ next:
 				continue next
 			}
 		}
-		add(Set{Key: m.Key, Raw: m.Value})
+		add(Set{name: m.Name, Raw: m.Value})
 	}
 	for j, s := range set {
 		if !done[j] {
@@ -91,7 +110,7 @@ func Splice(dst, body []byte, set ...Set) ([]byte, error) {
 	}
 	replaced := false
 	for _, m := range ms {
-		if setsKey(set, m.Key) {
+		if setsKey(set, m.Name) {
 			replaced = true
 			break
 		}
@@ -108,7 +127,7 @@ func Splice(dst, body []byte, set ...Set) ([]byte, error) {
 		out = append(out, body[:firstByte(body, '{')+1]...)
 		k := 0
 		for _, m := range ms {
-			if setsKey(set, m.Key) {
+			if setsKey(set, m.Name) {
 				continue
 			}
 			if k > 0 {
@@ -130,9 +149,9 @@ func Splice(dst, body []byte, set ...Set) ([]byte, error) {
 	return append(out, body[closeAt:]...), nil
 }
 
-func setsKey(set []Set, key string) bool {
+func setsKey(set []Set, name []byte) bool {
 	for _, s := range set {
-		if s.Key == key {
+		if s.Key == string(name) {
 			return true
 		}
 	}

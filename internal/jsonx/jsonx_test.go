@@ -74,7 +74,7 @@ func TestMembers(t *testing.T) {
 	ms, err := jsonx.Members([]byte(` { "id" : 7 , "m\u0065thod":"tools/call", "params":{"name":"x"} } `))
 	require.NoError(t, err)
 	require.Len(t, ms, 3)
-	require.Equal(t, "method", ms[1].Key)
+	require.Equal(t, "method", ms[1].Key())
 	require.Equal(t, `7`, string(jsonx.Lookup(ms, "id")))
 	require.Equal(t, `{"name":"x"}`, string(jsonx.Lookup(ms, "params")))
 	require.Nil(t, jsonx.Lookup(ms, "nope"))

@@ -16,19 +16,27 @@ var (
 	ErrNotArray  = errors.New("not a JSON array")
 )
 
-// Member is one member of a JSON object: its decoded name, the raw bytes of
-// its value (a slice of the input, as its sender wrote it) and the offsets
-// of the whole member (name to end of value) in the input.
+// Member is one member of a JSON object: its decoded name (a slice of the
+// input unless it had escapes), the raw bytes of its value (a slice of the
+// input, as its sender wrote it) and the offsets of the whole member (name
+// to end of value) in the input. Nothing is copied for a plain name, so a
+// member must not outlive the input's buffer.
 type Member struct {
-	Key        string
+	Name       []byte
 	Value      []byte
 	start, end int
 }
+
+// Key is the member's name as a string (a copy).
+func (m Member) Key() string { return string(m.Name) }
 
 // Members returns the members of the object raw, in order. raw must be
 // exactly one strict JSON object (surrounding whitespace allowed); nested
 // values are checked as strictly but not built.
 func Members(raw []byte) ([]Member, error) { return members(raw, false, nil) }
+
+// MembersInto is Members appending to dst (a caller's stack array).
+func MembersInto(dst []Member, raw []byte) ([]Member, error) { return members(raw, false, dst) }
 
 func members(raw []byte, lax bool, dst []Member) ([]Member, error) {
 	r := getReader(raw, lax)
@@ -49,7 +57,7 @@ func members(raw []byte, lax bool, dst []Member) ([]Member, error) {
 			return nil, fail(err, d.InputOffset())
 		}
 		start := int(d.InputOffset()) - len(name)
-		key, ok := decodeString(name)
+		key, ok := decodeBytes(name)
 		if !ok && !lax {
 			return nil, fail(errors.New("invalid string"), int64(start))
 		}
@@ -58,7 +66,7 @@ func members(raw []byte, lax bool, dst []Member) ([]Member, error) {
 			return nil, fail(err, d.InputOffset())
 		}
 		end := int(d.InputOffset())
-		dst = append(dst, Member{Key: key, Value: raw[end-len(v) : end : end], start: start, end: end})
+		dst = append(dst, Member{Name: key, Value: raw[end-len(v) : end : end], start: start, end: end})
 	}
 	if _, err := d.ReadToken(); err != nil {
 		return nil, fail(err, d.InputOffset())
@@ -73,7 +81,7 @@ func members(raw []byte, lax bool, dst []Member) ([]Member, error) {
 // Members holds no name twice, so there is one answer.
 func Lookup(members []Member, key string) []byte {
 	for _, m := range members {
-		if m.Key == key {
+		if string(m.Name) == key {
 			return m.Value
 		}
 	}
@@ -139,6 +147,16 @@ func String(raw []byte) (string, bool) {
 	return decodeString(raw)
 }
 
+// StringBytes is String without the copy: the decoded bytes alias raw
+// unless it had escapes.
+func StringBytes(raw []byte) ([]byte, bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) < 2 || raw[0] != '"' {
+		return nil, false
+	}
+	return decodeBytes(raw)
+}
+
 // decodeString decodes the raw JSON string raw (quotes included).
 func decodeString(raw []byte) (string, bool) {
 	inner := raw[1 : len(raw)-1]
@@ -151,6 +169,19 @@ func decodeString(raw []byte) (string, bool) {
 		return "", false
 	}
 	return string(b), true
+}
+
+// decodeBytes is decodeString aliasing raw when it can.
+func decodeBytes(raw []byte) ([]byte, bool) {
+	inner := raw[1 : len(raw)-1 : len(raw)-1]
+	if raw[len(raw)-1] == '"' && plain(inner) {
+		return inner, true
+	}
+	b, err := jsontext.AppendUnquote(nil, raw)
+	if err != nil {
+		return nil, false
+	}
+	return b, true
 }
 
 // plain reports whether inner is string content that decodes to itself:

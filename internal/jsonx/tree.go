@@ -42,8 +42,6 @@ type treeParser struct {
 	// and number literals are slices of it, so a body costs one copy
 	// instead of one allocation per member.
 	text string
-	// path leads to the value being read, for a duplicate's path.
-	path []any
 }
 
 func (p *treeParser) source() string {
@@ -66,8 +64,18 @@ func (p *treeParser) fail(err error) error {
 	err = fail(err, p.dec.InputOffset())
 	if de, ok := err.(*DuplicateKeyError); ok {
 		// jsontext's pointer cannot tell an index from a name of digits;
-		// the parser's own path can.
-		de.Path = append(append([]any(nil), p.path...), de.Path[len(de.Path)-1])
+		// the parser's own steps can (within, on the way out).
+		de.Path = de.Path[len(de.Path)-1:]
+	}
+	return err
+}
+
+// within prefixes the path of a duplicate found inside a member or element.
+// The path is built on the way out of an error only: keeping it on the way
+// in would box every name.
+func within(err error, step any) error {
+	if de, ok := err.(*DuplicateKeyError); ok {
+		de.Path = append([]any{step}, de.Path...)
 	}
 	return err
 }
@@ -146,12 +154,10 @@ func (p *treeParser) object() (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		p.path = append(p.path, key)
 		v, err := p.value()
 		if err != nil {
-			return nil, err
+			return nil, within(err, key)
 		}
-		p.path = p.path[:len(p.path)-1]
 		obj[key] = v
 	}
 	if _, err := p.dec.ReadToken(); err != nil {
@@ -169,12 +175,10 @@ func (p *treeParser) array() (any, error) {
 	}
 	arr := make([]any, 0)
 	for p.dec.PeekKind() != ']' {
-		p.path = append(p.path, len(arr))
 		v, err := p.value()
 		if err != nil {
-			return nil, err
+			return nil, within(err, len(arr))
 		}
-		p.path = p.path[:len(p.path)-1]
 		arr = append(arr, v)
 	}
 	if _, err := p.dec.ReadToken(); err != nil {
