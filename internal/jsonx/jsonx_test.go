@@ -126,3 +126,13 @@ func TestEditAndSplice(t *testing.T) {
 func TestCompact(t *testing.T) {
 	require.Equal(t, `{"a":[1,2]}`, string(jsonx.Compact([]byte("{\"a\":\n[1,\r\n2]}"))))
 }
+
+func TestCheckDepth(t *testing.T) {
+	require.NoError(t, jsonx.CheckDepth([]byte(`{"a":[{"b":1}]}`), 3))
+	require.ErrorIs(t, jsonx.CheckDepth([]byte(`{"a":[{"b":1}]}`), 2), jsonx.ErrTooDeep)
+	require.NoError(t, jsonx.CheckDepth([]byte(` 1 `), 1))
+	require.ErrorIs(t, jsonx.CheckDepth([]byte(`{"a":1,"a":2}`), 5), jsonx.ErrInvalid)
+	require.ErrorIs(t, jsonx.CheckDepth([]byte(`{} x`), 5), jsonx.ErrInvalid)
+	require.ErrorIs(t, jsonx.CheckDepth([]byte(``), 5), jsonx.ErrInvalid)
+	require.ErrorIs(t, jsonx.CheckDepth([]byte(strings.Repeat("[", 100000)), 1000), jsonx.ErrTooDeep)
+}
