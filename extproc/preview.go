@@ -82,7 +82,7 @@ func (ex *exchange) previewResponseBody(body []byte) (*extprocv3.ProcessingRespo
 	buf := ex.buffer()
 	out, err := jsonx.Splice(*buf, body, ex.previewFields(token, expires)...)
 	if err != nil {
-		ex.logger().Warn("preview response body is not a strict JSON object; the fingerprint is sent in the Idempotency-Fingerprint header only",
+		ex.logger().Warn("preview response body is not a JSON object, or not strict JSON; the fingerprint is sent in the Idempotency-Fingerprint header only",
 			"content_length", len(body), "error", err)
 		ex.decision("signed_header_only")
 		return r.reply(nil, false), true
