@@ -108,7 +108,7 @@ func TestEditAndSplice(t *testing.T) {
 	out, err := jsonx.Splice(nil, []byte(`{ "x" : [1, 2] }`), jsonx.Set{Key: "fp", Text: "t\"ok"})
 	require.NoError(t, err)
 	require.Equal(t, `{ "x" : [1, 2],"fp":"t\"ok"}`, string(out))
-	out, err = jsonx.Splice(nil, []byte(`{"fp":"old","x":1,"f\u0070":"old2"}`), jsonx.Set{Key: "fp", Text: "new"})
+	_, err = jsonx.Splice(nil, []byte(`{"fp":"old","x":1,"f\u0070":"old2"}`), jsonx.Set{Key: "fp", Text: "new"})
 	require.Error(t, err, "a duplicate (via escape) is refused")
 	out, err = jsonx.Splice(nil, []byte(`{"fp":"old", "x":1}`), jsonx.Set{Key: "fp", Text: "new"})
 	require.NoError(t, err)
