@@ -124,7 +124,11 @@ func (ex *exchange) mcpRequestBody(body []byte, _ bool) (*extprocv3.ProcessingRe
 		m.kind = mcpPass
 		return requestBodyReply(nil), false
 	}
-	req, fault := mcp.ParseRequest(body, guarded, ex.srv.cfg.Limits.MaxJSONDepth)
+	depth := ex.srv.cfg.Limits.MaxJSONDepth
+	if depth <= 0 {
+		depth = fingerprint.DefaultMaxDepth // as ParseJSON reads a zero limit
+	}
+	req, fault := mcp.ParseRequest(body, guarded, depth)
 	m.id = req.ID
 	if fault != nil {
 		return ex.mcpFault(fault), true
@@ -177,10 +181,10 @@ func (ex *exchange) mcpToolCall(req mcp.Request) (*extprocv3.ProcessingResponse,
 		return ex.envelope(envelope.InvalidParams, 0, envelope.Extra{Detail: req.Refused.Error()}), true
 	}
 	args := req.Arguments
-	if jsonx.IsNull(args) {
+	switch {
+	case jsonx.IsNull(args):
 		args = []byte("{}")
-	}
-	if !jsonx.IsObject(args) {
+	case !req.ArgumentsObject():
 		return ex.envelope(envelope.InvalidParams, 0, envelope.Extra{Detail: "params.arguments must be an object"}), true
 	}
 	switch ex.kind {

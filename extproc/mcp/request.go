@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"strings"
 	"unicode/utf8"
 
@@ -62,34 +63,36 @@ type Request struct {
 	// invalid params with a security event and never forwarded. Method,
 	// Name and ID were then read only to word that answer.
 	Refused error
+	// The message read once: its members and params' (for ForwardBody).
+	msg jsonx.Nested
 }
 
 var errAmbiguous = &Fault{400, InvalidRequest, "Invalid Request: a member appears twice, or in two spellings that differ only in case"}
 
-// ParseRequest reads a JSON-RPC message for routing, as strictly as the
-// binding rule reads a body: a message that is not strict JSON is never
-// routed. Either it is no JSON at all (a parse error), or it is a guarded
-// call (Refused, see Request), or an invalid request. guarded says whether
-// a tool name is one of the endpoint's; maxDepth is the body's nesting
-// limit, checked for guarded calls (their arguments are the body the
-// binding rule reads).
+// ParseRequest reads a JSON-RPC message for routing, in one pass and as
+// strictly as the binding rule reads a body: a message that is not strict
+// JSON is never routed. Either it is no JSON at all (a parse error), or it
+// is a guarded call (Refused, see Request), or an invalid request. guarded
+// says whether a tool name is one of the endpoint's; maxDepth is the
+// body's nesting limit, applied to guarded calls (their arguments are the
+// body the binding rule reads).
 func ParseRequest(body []byte, guarded func(name string) bool, maxDepth int) (Request, *Fault) {
 	req := Request{Body: bytes.TrimSpace(body)}
-	members, err := jsonx.Members(req.Body)
+	msg, err := jsonx.ReadNested(req.Body, "params")
 	if err != nil {
 		if errors.Is(err, jsonx.ErrNotObject) || !jsonx.Lax(req.Body) {
 			return Request{}, &Fault{400, ParseError, "Parse error: the body is not one JSON object"}
 		}
 		// Well-formed to a lax parser, which an upstream may be: read
 		// laxly, only to word the refusal.
-		members = jsonx.LaxMembers(req.Body)
+		msg = jsonx.LaxNested(req.Body, "params")
 	}
-	if fault := req.read(members); fault != nil {
+	if fault := req.read(msg); fault != nil {
 		return req, fault
 	}
 	if req.Method == "tools/call" && guarded(req.Name) && req.ID != nil {
-		if err == nil {
-			err = jsonx.CheckDepth(req.Body, maxDepth)
+		if err == nil && msg.Depth > maxDepth {
+			err = fmt.Errorf("%w: %w (limit %d)", jsonx.ErrInvalid, jsonx.ErrTooDeep, maxDepth)
 		}
 		req.Refused = err
 		return req, nil
@@ -101,22 +104,26 @@ func ParseRequest(body []byte, guarded func(name string) bool, maxDepth int) (Re
 }
 
 // read fills the routing fields from the message's members.
-func (req *Request) read(members []jsonx.Member) *Fault {
-	req.ID = memberID(members)
-	req.Method, _ = jsonx.String(jsonx.Lookup(members, "method"))
-	req.Params = jsonx.Lookup(members, "params")
-	pm, _ := jsonx.Members(req.Params)
-	if pm == nil {
-		pm = jsonx.LaxMembers(req.Params)
-	}
-	req.Name, req.HasName = jsonx.String(jsonx.Lookup(pm, "name"))
-	req.Arguments = jsonx.Lookup(pm, "arguments")
-	if AmbiguousKey(members, "id", "method", "params") || AmbiguousKey(pm, "name", "arguments", "_meta") {
+func (req *Request) read(msg jsonx.Nested) *Fault {
+	req.msg = msg
+	req.ID = memberID(msg.Members)
+	req.Method, _ = jsonx.String(jsonx.Lookup(msg.Members, "method"))
+	req.Params = jsonx.Lookup(msg.Members, "params")
+	req.Name, req.HasName = jsonx.String(jsonx.Lookup(msg.Inner, "name"))
+	req.Arguments = jsonx.Lookup(msg.Inner, "arguments")
+	if AmbiguousKey(msg.Members, "id", "method", "params") || AmbiguousKey(msg.Inner, "name", "arguments", "_meta") {
 		// Two readers could disagree on which member counts: idemgate would
 		// route by one, the upstream execute the other.
 		return errAmbiguous
 	}
 	return nil
+}
+
+// ArgumentsObject reports whether params.arguments is an object (a request
+// ParseRequest read without refusing it: its bytes are strict JSON).
+func (req Request) ArgumentsObject() bool {
+	a := bytes.TrimSpace(req.Arguments)
+	return len(a) > 0 && a[0] == '{'
 }
 
 // memberID is the raw id, when it is itself strict JSON (an id read laxly
@@ -183,11 +190,11 @@ func CheckBatch(body []byte, guarded func(name string) bool) *Fault {
 func ForwardBody(req Request, args []byte, fingerprintField string, meta ...jsonx.Set) []byte {
 	set := []jsonx.Set{{Key: "arguments", Raw: jsonx.Edit(args, []string{fingerprintField})}}
 	if len(meta) > 0 {
-		m := jsonx.MemberOf(req.Params, "_meta")
+		m := jsonx.Lookup(req.msg.Inner, "_meta")
 		if !jsonx.IsObject(m) {
 			m = []byte("{}")
 		}
 		set = append(set, jsonx.Set{Key: "_meta", Raw: jsonx.Edit(m, nil, meta...)})
 	}
-	return jsonx.Edit(req.Body, nil, jsonx.Set{Key: "params", Raw: jsonx.Edit(req.Params, nil, set...)})
+	return jsonx.EditMembers(req.msg.Members, nil, jsonx.Set{Key: "params", Raw: jsonx.EditMembers(req.msg.Inner, nil, set...)})
 }

@@ -47,7 +47,20 @@ func appendMember(out []byte, s Set) []byte {
 // is taken as {}.
 func Edit(raw []byte, remove []string, set ...Set) []byte {
 	ms, _ := Members(raw)
-	out := make([]byte, 0, len(raw)+64)
+	return EditMembers(ms, remove, set...)
+}
+
+// EditMembers is Edit on members already read (from Members or ReadNested),
+// so that an object read for routing is not read again to be rewritten.
+func EditMembers(ms []Member, remove []string, set ...Set) []byte {
+	size := 2
+	for _, m := range ms {
+		size += m.end - m.start + 1
+	}
+	for _, s := range set {
+		size += len(s.Key) + len(s.Raw) + len(s.Text) + 8
+	}
+	out := make([]byte, 0, size)
 	out = append(out, '{')
 	var doneSpace [8]bool
 	done := doneSpace[:0]

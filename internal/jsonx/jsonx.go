@@ -146,30 +146,3 @@ func Lax(raw []byte) bool {
 	}
 	return r.end() == nil
 }
-
-// LaxMembers is Members under Lax's rules, for the same use only: wording a
-// refusal.
-func LaxMembers(raw []byte) []Member {
-	ms, _ := members(raw, true, nil)
-	return ms
-}
-
-// CheckDepth is Check with a nesting limit: objects and arrays may nest
-// maxDepth deep (the top-level container is depth 1). It reads token by
-// token and builds nothing.
-func CheckDepth(raw []byte, maxDepth int) error {
-	r := getReader(raw, false)
-	defer putReader(r)
-	d := &r.dec
-	for {
-		if k := d.PeekKind(); (k == '{' || k == '[') && d.StackDepth()+1 > maxDepth {
-			return fmt.Errorf("%w at offset %d: %w (limit %d)", ErrInvalid, d.InputOffset(), ErrTooDeep, maxDepth)
-		}
-		if _, err := d.ReadToken(); err != nil {
-			return fail(err, d.InputOffset())
-		}
-		if d.StackDepth() == 0 {
-			return r.end()
-		}
-	}
-}

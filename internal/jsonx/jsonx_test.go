@@ -127,12 +127,32 @@ func TestCompact(t *testing.T) {
 	require.Equal(t, `{"a":[1,2]}`, string(jsonx.Compact([]byte("{\"a\":\n[1,\r\n2]}"))))
 }
 
-func TestCheckDepth(t *testing.T) {
-	require.NoError(t, jsonx.CheckDepth([]byte(`{"a":[{"b":1}]}`), 3))
-	require.ErrorIs(t, jsonx.CheckDepth([]byte(`{"a":[{"b":1}]}`), 2), jsonx.ErrTooDeep)
-	require.NoError(t, jsonx.CheckDepth([]byte(` 1 `), 1))
-	require.ErrorIs(t, jsonx.CheckDepth([]byte(`{"a":1,"a":2}`), 5), jsonx.ErrInvalid)
-	require.ErrorIs(t, jsonx.CheckDepth([]byte(`{} x`), 5), jsonx.ErrInvalid)
-	require.ErrorIs(t, jsonx.CheckDepth([]byte(``), 5), jsonx.ErrInvalid)
-	require.ErrorIs(t, jsonx.CheckDepth([]byte(strings.Repeat("[", 100000)), 1000), jsonx.ErrTooDeep)
+func TestReadNested(t *testing.T) {
+	raw := []byte(` {"id" : 7, "params" :  {"name":"t", "arguments": {"a":[1,{"b":null}]} , "_meta":{}}, "x":[[]], "s":"\u0041"} `)
+	n, err := jsonx.ReadNested(raw, "params")
+	require.NoError(t, err)
+	want, err := jsonx.Members(raw)
+	require.NoError(t, err)
+	require.Equal(t, want, n.Members, "the same members as Members, value bytes included")
+	inner, err := jsonx.Members(jsonx.Lookup(want, "params"))
+	require.NoError(t, err)
+	require.Len(t, n.Inner, len(inner))
+	for i := range inner {
+		require.Equal(t, inner[i].Name, n.Inner[i].Name)
+		require.Equal(t, string(inner[i].Value), string(n.Inner[i].Value))
+	}
+	require.Equal(t, 5, n.Depth)
+
+	n, err = jsonx.ReadNested([]byte(`{"params":[1],"id":1}`), "params")
+	require.NoError(t, err)
+	require.Nil(t, n.Inner)
+	require.Equal(t, 2, n.Depth)
+
+	for name, in := range strictRefusals {
+		_, err := jsonx.ReadNested([]byte(in), "a")
+		require.ErrorIs(t, err, jsonx.ErrInvalid, name)
+	}
+	_, err = jsonx.ReadNested([]byte(`[]`), "a")
+	require.ErrorIs(t, err, jsonx.ErrNotObject)
+	require.Len(t, jsonx.LaxNested([]byte(`{"p":{"n":1,"n":2},"p":3}`), "p").Members, 2)
 }
