@@ -84,8 +84,9 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 60s); the binding rule's for
 	$(GO) test ./fingerprint -run '^$$' -fuzz '^FuzzBinding$$' -fuzztime $${BINDING_FUZZTIME:-5m}
 
 .PHONY: lint
-lint: ## go vet, gofmt, staticcheck (pinned) and `go mod tidy` leaving go.mod/go.sum unchanged.
+lint: ## go vet, the encoding/json import guard, gofmt, staticcheck (pinned) and `go mod tidy` leaving go.mod/go.sum unchanged.
 	$(GO) vet ./...
+	$(GO) test -run 'TestEncodingJSONStaysOffTheRequestPath' ./internal/jsonx/
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	GOFLAGS=-mod=mod $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	@tmp=$$(mktemp -d); cp go.mod go.sum "$$tmp"/; GOFLAGS=-mod=mod $(GO) mod tidy; \

@@ -81,3 +81,22 @@ func BenchmarkMCPUnguarded(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMCPConfirmReplay is a retried MCP confirm answered from the
+// record (already_completed as a tool result, the original content after
+// the envelope's text).
+func BenchmarkMCPConfirmReplay(b *testing.B) {
+	e := newMCPEnv(b, "")
+	d := fakeDialer{srv: e.srv, shareReplies: true}
+	up := newMCPServer(false)
+	fp := mcpPreview(b, d, up, "alice", `"100.00"`)
+	req := mcpPost("alice", rpc(`2`, "tools/call", callParams("transfer_confirm", transferArgs(`"100.00"`, fp))), modern("tools/call", "transfer_confirm")...)
+	do(b, d, req, up.handle)
+	b.ReportAllocs()
+	for b.Loop() {
+		do(b, d, req, up.handle)
+	}
+	if up.Executions() != 1 {
+		b.Fatalf("executed %d times", up.Executions())
+	}
+}

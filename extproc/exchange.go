@@ -197,7 +197,7 @@ func (ex *exchange) onResponseBody(b *extprocv3.HttpBody) (*extprocv3.Processing
 
 // parsedBody is a request body after the size and syntax checks.
 type parsedBody struct {
-	doc     any // nil without a body
+	doc     fingerprint.Document // the zero Document without a body
 	present bool
 }
 
@@ -227,7 +227,7 @@ func (ex *exchange) parseRequestBody(body []byte) (parsedBody, *extprocv3.Proces
 		}
 		return parsedBody{}, ex.envelope(envelope.InvalidJSON, 0, envelope.Extra{Detail: err.Error()})
 	}
-	if _, isObject := doc.(map[string]any); !isObject {
+	if _, isObject := doc.Value().(map[string]any); !isObject {
 		// Params are read from an object; any other top-level value would
 		// bind nothing while the upstream reads whatever it makes of it.
 		return parsedBody{}, ex.envelope(envelope.InvalidJSON, 0, envelope.Extra{Detail: "the body must be a JSON object"})
@@ -295,7 +295,7 @@ func (ex *exchange) fingerprintRequest(body []byte, missing envelope.Message) (p
 // with an empty token so it is rejected as malformed), else the
 // Idempotency-Fingerprint header.
 func (ex *exchange) fingerprintFrom(pb parsedBody) (token string, found bool) {
-	if obj, ok := pb.doc.(map[string]any); ok {
+	if obj, ok := pb.doc.Value().(map[string]any); ok {
 		if v, ok := obj[ex.op.FingerprintField]; ok && v != nil {
 			s, isString := v.(string)
 			if !isString {

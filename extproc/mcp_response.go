@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"bytes"
 	"strconv"
 	"strings"
 	"time"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/envelope"
+	"github.com/idemgate/idemgate/extproc/mcp"
 	"github.com/idemgate/idemgate/state"
 )
 
@@ -77,37 +77,12 @@ func (ex *exchange) mcpResponseBody(body []byte) (*extprocv3.ProcessingResponse,
 	return responseBodyReply(nil, nil, false), true
 }
 
-// mcpFinal finds the JSON-RPC response to this request in a response body:
-// the body itself (application/json) or, in an event stream, the event whose
-// message has the request's id and a result or error (notifications before
-// it pass untouched). ev is the event (nil for JSON).
-func (m *mcpExchange) mcpFinal(body []byte) (msg []byte, ev *sseEvent, found bool) {
-	isResponse := func(raw []byte) bool {
-		ms, ok := objectMembers(raw)
-		if !ok || !sameID(member(ms, "id"), m.id) {
-			return false
-		}
-		return member(ms, "result") != nil || member(ms, "error") != nil
-	}
-	if !m.sse {
-		raw := bytes.TrimSpace(body)
-		return raw, nil, isResponse(raw)
-	}
-	events := parseSSE(body)
-	for i := range events {
-		if isResponse(events[i].data) {
-			return events[i].data, &events[i], true
-		}
-	}
-	return nil, nil, false
-}
-
 // mcpRewrite replaces the final response in body by what edit makes of it,
 // fixing content-length when the upstream sent one (Envoy compares it with
 // the new body; a chunked event stream has none).
 func (ex *exchange) mcpRewrite(body []byte, edit func(msg []byte) ([]byte, bool)) *extprocv3.ProcessingResponse {
 	m := ex.mcp
-	msg, ev, found := m.mcpFinal(body)
+	msg, ev, found := mcp.Final(body, m.sse, m.id)
 	if !found {
 		ex.logger().Warn("no JSON-RPC response with the request's id in the upstream's answer; passed through unchanged", "sse", m.sse)
 		ex.decision("passed_through")
@@ -117,10 +92,7 @@ func (ex *exchange) mcpRewrite(body []byte, edit func(msg []byte) ([]byte, bool)
 	if !changed {
 		return responseBodyReply(nil, nil, false)
 	}
-	out := newMsg
-	if ev != nil {
-		out = sseReplace(body, *ev, compactJSON(newMsg))
-	}
+	out := mcp.Replace(body, ev, newMsg)
 	var mut *extprocv3.HeaderMutation
 	if m.hasLength {
 		mut = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(hdrContentLength, strconv.AppendInt(nil, int64(len(out)), 10))}}
@@ -143,7 +115,7 @@ func (ex *exchange) mcpRecordConfirm(body []byte) {
 		ex.settle(true, body, "")
 		return
 	}
-	msg, _, found := ex.mcp.mcpFinal(body)
+	msg, _, found := mcp.Final(body, ex.mcp.sse, ex.mcp.id)
 	if !found {
 		ex.respClass = classAmbiguous
 		ex.settle(true, nil, "the response ended before the final JSON-RPC response")
@@ -158,29 +130,16 @@ func (ex *exchange) mcpRecordConfirm(body []byte) {
 	ex.settle(true, append([]byte(nil), msg...), "")
 }
 
-// mcpOutcome is the outcome class of a JSON-RPC response to tools/call
-// (msg validated as a whole by mcpFinal).
+// mcpOutcome is the outcome class of a JSON-RPC response to tools/call.
 func mcpOutcome(msg []byte) (outcomeClass, string) {
-	ms, _ := scanMembers(msg)
-	if result := member(ms, "result"); result != nil {
-		rm, _ := scanMembers(result)
-		rt, _ := jsonString(member(rm, "resultType"))
-		switch {
-		case rt == "task":
-			return classDone, ""
-		case rt == "input_required":
-			return classAmbiguous, "the upstream asked for more input (input_required)"
-		case isTrue(member(rm, "isError")):
-			return classFailed, ""
-		}
+	switch o, why := mcp.OutcomeOf(msg); o {
+	case mcp.Done:
 		return classDone, ""
-	}
-	code := string(bytes.TrimSpace(validMemberOf(member(ms, "error"), "code")))
-	switch code {
-	case "-32602", "-32601":
+	case mcp.Failed:
 		return classFailed, ""
+	default:
+		return classAmbiguous, why
 	}
-	return classAmbiguous, "the upstream answered JSON-RPC error " + code
 }
 
 // mcpInjectPreview signs a fingerprint into a successful preview result:
@@ -188,15 +147,8 @@ func mcpOutcome(msg []byte) (outcomeClass, string) {
 // or absent), and one text block that carries the token, because many
 // clients give the model only content. No storage write.
 func (ex *exchange) mcpInjectPreview(msg []byte) ([]byte, bool) {
-	// msg was validated as a whole (mcpFinal): its parts are read without
-	// validating them again.
-	result := validMemberOf(msg, "result")
-	rm, _ := scanMembers(result)
-	if result == nil || isTrue(member(rm, "isError")) {
-		ex.decision("passed_through")
-		return nil, false
-	}
-	if rt, _ := jsonString(member(rm, "resultType")); rt != "" && rt != "complete" {
+	res, ok := mcp.PreviewOf(msg)
+	if !ok {
 		ex.decision("passed_through")
 		return nil, false
 	}
@@ -207,26 +159,10 @@ func (ex *exchange) mcpInjectPreview(msg []byte) ([]byte, bool) {
 		return nil, false
 	}
 	expires := expiresAt.Format(time.RFC3339)
-	op := ex.op
-	set := make([]rawSet, 0, 2)
-	sc := member(rm, "structuredContent")
-	switch _, isObject := scanMembers(sc); {
-	case sc == nil || string(bytes.TrimSpace(sc)) == "null":
-		members := []rawSet{{op.FingerprintField, envelope.AppendString(nil, token)}, {op.ExpiresAtField, envelope.AppendString(nil, expires)}}
-		if ex.approvalRequired() {
-			members = append(members, rawSet{"approval_required", []byte("true")})
-		}
-		set = append(set, rawSet{"structuredContent", editObject([]byte("{}"), nil, members...)})
-	case isObject:
-		set = append(set, rawSet{"structuredContent", spliceFields(nil, sc, ex.previewFields(token, expires)...)})
-	default:
-		// An array or scalar has no room for members: the text block carries it.
-	}
 	texts := ex.mcpTexts()
-	block := appendTextBlock(nil, envelope.FillPreviewBlock(texts.PreviewBlock, token, expires))
-	set = append(set, rawSet{"content", appendElements(member(rm, "content"), block)})
+	block := mcp.TextBlock(nil, envelope.FillPreviewBlock(texts.PreviewBlock, token, expires))
 	ex.decision("signed")
-	return editObject(msg, nil, rawSet{"result", editObject(result, nil, set...)}), true
+	return res.Inject(ex.previewFields(token, expires), block), true
 }
 
 // mcpTexts returns the MCP texts of the stream's operation.
@@ -259,103 +195,40 @@ func mcpTextsByOperation(cfg *config.Runtime) map[*config.Operation]envelope.MCP
 // appended. Cursors and every other tool pass unchanged.
 func (ex *exchange) mcpAugmentList(msg []byte) ([]byte, bool) {
 	m := ex.mcp
-	result := memberOf(msg, "result")
-	tools, ok := arrayElements(memberOf(result, "tools"))
-	if result == nil || !ok {
+	list, ok := mcp.ToolListOf(msg)
+	if !ok {
 		return nil, false
 	}
-	out := make([][]byte, 0, len(tools)+len(m.ep.Ops))
-	for _, t := range tools {
-		name, _ := jsonString(memberOf(t, "name"))
+	language := ex.srv.cfg.Language
+	out := make([][]byte, 0, len(list.Tools)+len(m.ep.Ops))
+	for _, t := range list.Tools {
+		name := mcp.ToolName(t)
 		target, guarded := m.ep.Tools[name]
 		switch {
 		case !guarded:
 			out = append(out, t)
 		case target.Kind == config.KindConfirm:
-			out = append(out, withFingerprintArgument(t, target.Op, ex.srv.cfg.Language))
+			out = append(out, mcp.WithFingerprintArgument(t, target.Op.FingerprintField, textsOf(target.Op, language).FingerprintArgument))
 		case target.Kind == config.KindPreview:
-			out = append(out, withPreviewOutput(t, target.Op))
+			out = append(out, mcp.WithPreviewOutput(t, target.Op.FingerprintField, target.Op.ExpiresAtField))
 		default:
 			// The upstream has a tool of the status tool's name; idemgate
 			// answers that name itself, so only its own definition is listed.
 			ex.logger().Warn("the upstream lists a tool named like a status tool; idemgate answers that name and lists its own definition", "tool", name)
 		}
 	}
-	if next := bytes.TrimSpace(memberOf(result, "nextCursor")); len(next) == 0 || string(next) == "null" {
+	if list.LastPage {
 		for _, op := range m.ep.Ops {
-			out = append(out, statusToolDefinition(op, ex.srv.cfg.Language))
+			texts := textsOf(op, language)
+			out = append(out, mcp.StatusTool(op.MCP.StatusTool, texts.StatusTool, op.FingerprintField, texts.StatusFingerprintArgument))
 		}
 	}
 	ex.decision("tools_listed")
-	return editObject(msg, nil, rawSet{"result", editObject(result, nil, rawSet{"tools", appendElements(nil, out...)})}), true
+	return list.With(out), true
 }
 
 func textsOf(op *config.Operation, language string) envelope.MCPText {
 	return envelope.MCPTexts(language, envelope.MCPTool{
 		PreviewTool: op.MCP.PreviewTool, ConfirmTool: op.MCP.ConfirmTool, StatusTool: op.MCP.StatusTool, Field: op.FingerprintField,
 	})
-}
-
-// fingerprintProperty is the JSON Schema of the fingerprint argument.
-func fingerprintProperty(description string) []byte {
-	b := append([]byte(`{"type":"string","description":`), envelope.AppendString(nil, description)...)
-	return append(b, '}')
-}
-
-// withFingerprintArgument adds the required fingerprint argument to a
-// confirm tool's inputSchema.
-func withFingerprintArgument(tool []byte, op *config.Operation, language string) []byte {
-	schema := memberOf(tool, "inputSchema")
-	if _, ok := objectMembers(schema); !ok {
-		schema = []byte(`{"type":"object"}`)
-	}
-	props := memberOf(schema, "properties")
-	if _, ok := objectMembers(props); !ok {
-		props = []byte("{}")
-	}
-	props = editObject(props, nil, rawSet{op.FingerprintField, fingerprintProperty(textsOf(op, language).FingerprintArgument)})
-	required, _ := arrayElements(memberOf(schema, "required"))
-	listed := false
-	for _, r := range required {
-		if s, _ := jsonString(r); s == op.FingerprintField {
-			listed = true
-		}
-	}
-	if !listed {
-		required = append(required, envelope.AppendString(nil, op.FingerprintField))
-	}
-	schema = editObject(schema, nil, rawSet{"properties", props}, rawSet{"required", appendElements(nil, required...)})
-	return editObject(tool, []string{"outputSchema"}, rawSet{"inputSchema", schema})
-}
-
-// withPreviewOutput declares the injected fields in a preview tool's
-// outputSchema, when it has properties (a client validating the result must
-// accept them even under additionalProperties: false).
-func withPreviewOutput(tool []byte, op *config.Operation) []byte {
-	schema := memberOf(tool, "outputSchema")
-	props := memberOf(schema, "properties")
-	if _, ok := objectMembers(props); !ok {
-		return tool
-	}
-	str := []byte(`{"type":"string"}`)
-	props = editObject(props, nil, rawSet{op.FingerprintField, str}, rawSet{op.ExpiresAtField, str})
-	return editObject(tool, nil, rawSet{"outputSchema", editObject(schema, nil, rawSet{"properties", props})})
-}
-
-// statusToolDefinition is the tools/list entry of an operation's status
-// tool, which idemgate answers itself.
-func statusToolDefinition(op *config.Operation, language string) []byte {
-	texts := textsOf(op, language)
-	b := []byte(`{"name":`)
-	b = envelope.AppendString(b, op.MCP.StatusTool)
-	b = append(b, `,"description":`...)
-	b = envelope.AppendString(b, texts.StatusTool)
-	b = append(b, `,"inputSchema":{"type":"object","properties":{`...)
-	b = envelope.AppendString(b, op.FingerprintField)
-	b = append(b, ':')
-	b = append(b, fingerprintProperty(texts.StatusFingerprintArgument)...)
-	b = append(b, `},"required":[`...)
-	b = envelope.AppendString(b, op.FingerprintField)
-	b = append(b, `]},"annotations":{"readOnlyHint":true,"idempotentHint":true}}`...)
-	return b
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgate/idemgate/extproc/mcp"
 	"github.com/idemgate/idemgate/state"
 	"github.com/idemgate/idemgate/state/memory"
 )
@@ -174,9 +175,9 @@ func finalMessage(t testing.TB, body []byte) map[string]any {
 	raw := body
 	if strings.Contains(string(body), "data:") {
 		raw = nil
-		for _, ev := range parseSSE(body) {
-			if strings.Contains(string(ev.data), `"result"`) || strings.Contains(string(ev.data), `"error"`) {
-				raw = ev.data
+		for _, ev := range mcp.ParseSSE(body) {
+			if strings.Contains(string(ev.Data), `"result"`) || strings.Contains(string(ev.Data), `"error"`) {
+				raw = ev.Data
 			}
 		}
 	}
@@ -602,9 +603,9 @@ func TestMCPResponseIsPickedByID(t *testing.T) {
 			return upstreamReply{status: 200, headers: []header{{"content-type", "text/event-stream"}}, body: []byte(stream)}
 		})
 	require.Nil(t, res.immediate)
-	events := parseSSE(res.body)
+	events := mcp.ParseSSE(res.body)
 	require.Len(t, events, 2)
-	require.Equal(t, stranger, string(events[0].data), "the other request's response passes untouched")
-	require.Contains(t, string(events[1].data), `"fingerprint"`, "this request's response gets the fingerprint")
-	require.Contains(t, string(events[1].data), `"id":"1"`)
+	require.Equal(t, stranger, string(events[0].Data), "the other request's response passes untouched")
+	require.Contains(t, string(events[1].Data), `"fingerprint"`, "this request's response gets the fingerprint")
+	require.Contains(t, string(events[1].Data), `"id":"1"`)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgate/idemgate/extproc/envelope"
 	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/internal/jsonx"
 )
 
 // previewRequest checks the preview request (size, JSON, subject) and keeps
@@ -79,10 +80,10 @@ func (ex *exchange) previewResponseBody(body []byte) (*extprocv3.ProcessingRespo
 	r.setHeader(hdrFingerprint, []byte(token))
 	expires := expiresAt.Format(time.RFC3339)
 	buf := ex.buffer()
-	out, ok := injectFieldsInto(*buf, body, ex.previewFields(token, expires)...)
-	if !ok {
-		ex.logger().Warn("preview response body is not a JSON object; the fingerprint is sent in the Idempotency-Fingerprint header only",
-			"content_length", len(body))
+	out, err := jsonx.Splice(*buf, body, ex.previewFields(token, expires)...)
+	if err != nil {
+		ex.logger().Warn("preview response body is not a JSON object, or not strict JSON; the fingerprint is sent in the Idempotency-Fingerprint header only",
+			"content_length", len(body), "error", err)
 		ex.decision("signed_header_only")
 		return r.reply(nil, false), true
 	}
@@ -125,10 +126,10 @@ func (ex *exchange) fingerprintTTL() time.Duration {
 }
 
 // previewFields are the members a preview's JSON object gets.
-func (ex *exchange) previewFields(token, expires string) []field {
-	fs := []field{{name: ex.op.FingerprintField, value: token}, {name: ex.op.ExpiresAtField, value: expires}}
+func (ex *exchange) previewFields(token, expires string) []jsonx.Set {
+	fs := []jsonx.Set{{Key: ex.op.FingerprintField, Text: token}, {Key: ex.op.ExpiresAtField, Text: expires}}
 	if ex.approvalRequired() {
-		fs = append(fs, field{name: "approval_required", value: "true", raw: true})
+		fs = append(fs, jsonx.Set{Key: "approval_required", Raw: []byte("true")})
 	}
 	return fs
 }

@@ -40,7 +40,7 @@ func (ex *exchange) readResultRef(body []byte, nonce string) string {
 	if err != nil {
 		return nonce
 	}
-	v := doc
+	v := doc.Value()
 	for _, seg := range ex.op.ResultRef {
 		switch node := v.(type) {
 		case map[string]any:

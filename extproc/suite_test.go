@@ -118,6 +118,18 @@ func runSuite(t *testing.T, e *env, d dialer) {
 		require.Contains(t, e.logs.String(), "not a JSON object")
 	})
 
+	t.Run("preview of a body some parsers read two ways sets the header only", func(t *testing.T) {
+		// Stricter than the json.Valid check before internal/jsonx: the
+		// fingerprint is not spliced into an object with a duplicate key.
+		body := `{"quote":{"fee":"0.50"},"quote":{"fee":"0.00"}}`
+		res := do(t, d, post("/v1/transfers/preview", alice, transferBody(`1`, "EUR", "DE89", "")), func(map[string]string, []byte) upstreamReply {
+			return upstreamReply{status: 200, headers: []header{{"content-type", "application/json"}}, body: []byte(body)}
+		})
+		require.Equal(t, body, string(res.body))
+		e.claimsOf(t, res.headers["idempotency-fingerprint"], alice, "payments.transfer")
+		require.Contains(t, e.logs.String(), "duplicate object key")
+	})
+
 	t.Run("subject_required", func(t *testing.T) {
 		res := do(t, d, post("/v1/transfers/preview", "", transferBody(`1`, "EUR", "DE89", "")), neverCalled(t))
 		requireEnvelope(t, res, 401, "subject_required", false)

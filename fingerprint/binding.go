@@ -400,8 +400,8 @@ func checkBoundString(s string) error {
 // present), or a key holding U+0000. The server uses it for the
 // fingerprint field, which it reads itself and which is not a param;
 // unrelated case twins are the params' business (Select).
-func CheckKey(doc any, key string) error {
-	obj, ok := doc.(map[string]any)
+func CheckKey(doc Document, key string) error {
+	obj, ok := doc.root.(map[string]any)
 	if !ok {
 		return nil
 	}

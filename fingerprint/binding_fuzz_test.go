@@ -182,7 +182,7 @@ func (fx bindingFixture) accepts(body []byte) bool {
 	if err != nil {
 		return false
 	}
-	if _, ok := doc.(map[string]any); !ok {
+	if _, ok := doc.Value().(map[string]any); !ok {
 		return false
 	}
 	if fingerprint.CheckKey(doc, "fingerprint") != nil {
@@ -416,7 +416,7 @@ func mutateBody(base string, ops []byte) []byte {
 	if err != nil {
 		doc, _ = fingerprint.ParseJSON([]byte(previewedBody), 0)
 	}
-	root := fromAny(doc)
+	root := fromAny(doc.Value())
 	var st style
 	var extraBytes []string
 	arg := func(i *int) int {
@@ -550,10 +550,10 @@ func fromText(text string) *jnode {
 	if err != nil {
 		return &jnode{kind: 'l', text: "null"}
 	}
-	if n, ok := v.(json.Number); ok {
+	if n, ok := v.Value().(json.Number); ok {
 		return &jnode{kind: 'n', text: string(n)}
 	}
-	return fromAny(v)
+	return fromAny(v.Value())
 }
 
 func writeNode(b *strings.Builder, n *jnode, st style, ws []string) {

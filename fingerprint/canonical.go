@@ -1,7 +1,6 @@
 package fingerprint
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -11,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
+
+	"github.com/idemgate/idemgate/internal/jsonx"
 )
 
 // ErrTooLarge is returned when the canonical form would exceed the configured
@@ -31,10 +32,15 @@ var ErrUnsupportedValue = errors.New("unsupported value")
 // strings are two values, as they are to the upstream.
 //
 // float64, float32 and the integer types are accepted as numbers too (a float
-// through its shortest round-trip text); prefer json.Number, which is exact.
+// through its shortest round-trip text); prefer Number, which is exact.
 // Nesting deeper than HardMaxDepth is an error, so cyclic values fail instead
 // of recursing forever.
+//
+// A Document from ParseJSON is canonicalised as its tree.
 func Canonicalize(v any) ([]byte, error) {
+	if d, ok := v.(Document); ok {
+		v = d.root
+	}
 	c := canonicalizer{maxDepth: HardMaxDepth}
 	if err := c.value(v, 0); err != nil {
 		return nil, err
@@ -80,7 +86,7 @@ func (c *canonicalizer) value(v any, depth int) error {
 		}
 	case string:
 		return c.string(v)
-	case json.Number:
+	case Number:
 		return c.number(string(v))
 	case map[string]any:
 		return c.object(v, depth+1)
@@ -218,7 +224,7 @@ func (c *canonicalizer) decimalValue(v any) error {
 	switch v := v.(type) {
 	case string:
 		return c.number(v)
-	case json.Number:
+	case Number:
 		return c.number(string(v))
 	case float64, float32, int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64:
 		return c.value(v, 0)
@@ -254,54 +260,4 @@ const hexDigits = "0123456789abcdef"
 // everything else (DEL, '<', '>', '&', all other non-ASCII) written as is.
 // The canonical form only ever passes valid UTF-8 (ParseJSON refuses the
 // rest); the server writes the JSON it builds itself with it too.
-func AppendJSONString(buf []byte, s string) []byte {
-	buf = append(buf, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			buf = append(buf, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				buf = append(buf, '\\', c)
-			case '\b':
-				buf = append(buf, '\\', 'b')
-			case '\f':
-				buf = append(buf, '\\', 'f')
-			case '\n':
-				buf = append(buf, '\\', 'n')
-			case '\r':
-				buf = append(buf, '\\', 'r')
-			case '\t':
-				buf = append(buf, '\\', 't')
-			default:
-				buf = append(buf, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			buf = append(buf, s[start:i]...)
-			buf = append(buf, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			buf = append(buf, s[start:i]...)
-			buf = append(buf, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	buf = append(buf, s[start:]...)
-	return append(buf, '"')
-}
+func AppendJSONString(buf []byte, s string) []byte { return jsonx.AppendString(buf, s) }

@@ -34,7 +34,7 @@ func TestParseJSONValues(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := fingerprint.ParseJSON([]byte(tc.in), 0)
 			require.NoError(t, err)
-			require.Equal(t, tc.want, got)
+			require.Equal(t, tc.want, got.Value())
 		})
 	}
 }
@@ -125,5 +125,5 @@ func TestParseJSONAgreesWithEncodingJSON(t *testing.T) {
 	dec.UseNumber()
 	var want any
 	require.NoError(t, dec.Decode(&want))
-	require.Equal(t, want, got)
+	require.Equal(t, want, got.Value())
 }

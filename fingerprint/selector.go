@@ -243,8 +243,8 @@ type Params struct {
 	order []string
 }
 
-// Select extracts the configured params from doc (a value from ParseJSON; nil
-// when there is no body) and pathVars, and canonicalises and hashes them.
+// Select extracts the configured params from d (from ParseJSON; the zero
+// Document when there is no body) and pathVars, and canonicalises and hashes them.
 // Absent and null params are left out. Errors name the param's path.
 //
 // Before anything is hashed, the binding rule is checked: a body in which a
@@ -252,7 +252,8 @@ type Params struct {
 // (ErrAmbiguousKey), and a bound value that parsers read differently with
 // ErrAmbiguousValue. Both are security-relevant: the caller should report
 // them, not just answer invalid_params.
-func (s *Selector) Select(doc any, pathVars map[string]string) (Params, error) {
+func (s *Selector) Select(d Document, pathVars map[string]string) (Params, error) {
+	doc := d.root
 	if err := checkBinding(doc, s.bound); err != nil {
 		return Params{}, err
 	}

@@ -134,7 +134,7 @@ func TestSelect(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := mustSelector(t, tc.params, fingerprint.Limits{})
-			var doc any
+			var doc fingerprint.Document
 			if tc.body != "" {
 				var err error
 				doc, err = fingerprint.ParseJSON([]byte(tc.body), 0)
@@ -224,7 +224,7 @@ func TestSelectDecimalErrors(t *testing.T) {
 	})
 	t.Run("decimal path variable", func(t *testing.T) {
 		sv := mustSelector(t, []fingerprint.Param{{Path: "path.amount", Decimal: true}}, fingerprint.Limits{})
-		_, err := sv.Select(nil, map[string]string{"amount": "12abc"})
+		_, err := sv.Select(fingerprint.Document{}, map[string]string{"amount": "12abc"})
 		require.ErrorIs(t, err, fingerprint.ErrInvalidDecimal)
 		require.Contains(t, err.Error(), `"path.amount"`)
 	})

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/idemgate/idemgate/internal/jsonx"
 )
 
 // MaxTokenLength is the longest fingerprint Verify looks at; Sign never
@@ -444,90 +446,75 @@ const (
 // reused instead of copied when the claim spells exactly them; ring and
 // want may be nil.
 func decodeClaims(payload []byte, ring *KeyRing, want *Expect) (Claims, string) {
-	p := jsonParser{data: payload}
-	var c Claims
-	var seen int
-	p.skipSpace()
-	if p.pos >= len(p.data) || p.data[p.pos] != '{' {
-		return Claims{}, "payload is not a JSON object"
-	}
-	p.pos++
-	p.skipSpace()
-	for p.pos < len(p.data) && p.data[p.pos] != '}' {
-		if seen != 0 {
-			if p.data[p.pos] != ',' {
-				return Claims{}, "payload is not a JSON object"
-			}
-			p.pos++
-			p.skipSpace()
-		}
-		name, ok := p.memberName()
-		if !ok {
+	var space [10]jsonx.Member
+	members, err := jsonx.MembersInto(space[:0], payload)
+	if err != nil {
+		var de *jsonx.DuplicateKeyError
+		switch {
+		case errors.As(err, &de) && len(de.Path) == 1:
+			return Claims{}, "payload repeats a member"
+		case errors.As(err, &de) && len(de.Path) == 2 && de.Path[0] == "f":
+			return Claims{}, `"f" repeats a member`
+		case errors.Is(err, jsonx.ErrNotObject):
 			return Claims{}, "payload is not a JSON object"
 		}
+		return Claims{}, "payload is not valid JSON"
+	}
+	var c Claims
+	var seen int
+	for _, m := range members {
 		var bit int
 		var bad string
 		var raw []byte
-		switch string(name) {
+		switch string(m.Name) {
 		case "v":
 			bit = memberV
 			var v int64
-			v, bad = p.claimInteger("v")
+			v, bad = claimInteger(m.Value, "v")
 			c.Version = int(v)
 			if bad == "" && int64(c.Version) != v {
 				bad = `"v" out of range`
 			}
 		case "k":
 			bit = memberK
-			if raw, bad = p.claimBytes("k"); bad == "" {
+			if raw, bad = claimBytes(m.Value, "k"); bad == "" {
 				c.KeyID = ring.knownKeyID(raw)
 			}
 		case "n":
 			bit = memberN
-			if raw, bad = p.claimBytes("n"); bad == "" {
+			if raw, bad = claimBytes(m.Value, "n"); bad == "" {
 				c.Nonce = string(raw)
 			}
 		case "exp":
 			bit = memberExp
-			c.Expiry, bad = p.claimInteger("exp")
+			c.Expiry, bad = claimInteger(m.Value, "exp")
 		case "u":
 			bit = memberU
-			if raw, bad = p.claimBytes("u"); bad == "" {
+			if raw, bad = claimBytes(m.Value, "u"); bad == "" {
 				c.SubjectTag = string(raw)
 			}
 		case "s":
 			bit = memberS
-			if raw, bad = p.claimBytes("s"); bad == "" {
+			if raw, bad = claimBytes(m.Value, "s"); bad == "" {
 				c.Scope = want.knownScope(raw)
 			}
 		case "p":
 			bit = memberP
-			if raw, bad = p.claimBytes("p"); bad == "" {
+			if raw, bad = claimBytes(m.Value, "p"); bad == "" {
 				c.ParamHash = want.knownParamHash(raw)
 			}
 		case "f":
 			bit = memberF
-			c.FieldTags, bad = p.claimFieldTags(want)
+			c.FieldTags, bad = claimFieldTags(m.Value, want)
 		default:
 			return Claims{}, "payload has an unknown member"
 		}
 		if bad != "" {
 			return Claims{}, bad
 		}
-		if seen&bit != 0 {
-			return Claims{}, "payload repeats a member"
-		}
 		seen |= bit
-		p.skipSpace()
 	}
-	if p.pos >= len(p.data) {
-		return Claims{}, "payload is not a JSON object"
-	}
-	p.pos++ // '}'
-	p.skipSpace()
 	switch {
-	case p.pos != len(p.data):
-		return Claims{}, "payload has data after the object"
 	case seen != allMembers:
 		return Claims{}, "payload must have exactly the members v k n exp u s p f"
 	case !validKeyID(c.KeyID):
@@ -577,52 +564,23 @@ func (w *Expect) knownPath(raw []byte) string {
 	return string(raw)
 }
 
-// memberName reads an object key and the ':' after it. The name aliases the
-// payload unless it had escapes.
-func (p *jsonParser) memberName() ([]byte, bool) {
-	if p.pos >= len(p.data) || p.data[p.pos] != '"' {
-		return nil, false
-	}
-	name, err := p.stringBytes()
-	if err != nil {
-		return nil, false
-	}
-	p.skipSpace()
-	if p.pos >= len(p.data) || p.data[p.pos] != ':' {
-		return nil, false
-	}
-	p.pos++
-	p.skipSpace()
-	return name, true
-}
-
 // claimBytes reads a string member's value (aliasing the payload unless it
 // had escapes).
-func (p *jsonParser) claimBytes(name string) ([]byte, string) {
-	if p.pos >= len(p.data) || p.data[p.pos] != '"' {
+func claimBytes(raw []byte, name string) ([]byte, string) {
+	b, ok := jsonx.StringBytes(raw)
+	if !ok {
 		return nil, fmt.Sprintf("%q must be a string", name)
-	}
-	b, err := p.stringBytes()
-	if err != nil {
-		return nil, "payload is not valid JSON"
 	}
 	return b, ""
 }
 
 // claimInteger reads an integer literal: optional '-', digits, no fraction
-// or exponent, within int64.
-func (p *jsonParser) claimInteger(name string) (int64, string) {
-	bad := func() string { return fmt.Sprintf("%q must be an integer", name) }
-	if p.pos >= len(p.data) || (p.data[p.pos] != '-' && !isDigit(p.data[p.pos])) {
-		return 0, bad()
-	}
-	start := p.pos
-	if err := p.scanNumber(); err != nil {
-		return 0, bad()
-	}
-	n, ok := parseInt64(p.data[start:p.pos])
+// or exponent, within int64. raw is a valid JSON value (the payload was
+// read strictly), so digits after an optional '-' are a number.
+func claimInteger(raw []byte, name string) (int64, string) {
+	n, ok := parseInt64(raw)
 	if !ok {
-		return 0, bad()
+		return 0, fmt.Sprintf("%q must be an integer", name)
 	}
 	return n, ""
 }
@@ -658,47 +616,27 @@ func parseInt64(text []byte) (int64, bool) {
 	return int64(u), true
 }
 
-// claimFieldTags reads "f": an object whose members are all strings.
-func (p *jsonParser) claimFieldTags(want *Expect) (map[string]string, string) {
+// claimFieldTags reads "f": an object whose members are all strings
+// (duplicates were refused with the payload).
+func claimFieldTags(raw []byte, want *Expect) (map[string]string, string) {
 	const bad = `"f" must be an object of strings`
-	if p.pos >= len(p.data) || p.data[p.pos] != '{' {
+	var space [16]jsonx.Member
+	members, err := jsonx.MembersInto(space[:0], raw)
+	if err != nil {
 		return nil, bad
 	}
-	p.pos++
-	size := 0
+	size := len(members)
 	if want != nil && want.Params != nil {
 		size = len(want.Params.order)
 	}
 	tags := make(map[string]string, size)
-	p.skipSpace()
-	for p.pos < len(p.data) && p.data[p.pos] != '}' {
-		if len(tags) > 0 {
-			if p.data[p.pos] != ',' {
-				return nil, bad
-			}
-			p.pos++
-			p.skipSpace()
-		}
-		rawPath, ok := p.memberName()
+	for _, m := range members {
+		tag, ok := jsonx.StringBytes(m.Value)
 		if !ok {
 			return nil, bad
 		}
-		// The name may alias the payload: keep a copy before the next read.
-		path := want.knownPath(rawPath)
-		tag, why := p.claimBytes("f")
-		if why != "" {
-			return nil, bad
-		}
-		if _, dup := tags[path]; dup {
-			return nil, `"f" repeats a member`
-		}
-		tags[path] = string(tag)
-		p.skipSpace()
+		tags[want.knownPath(m.Name)] = string(tag)
 	}
-	if p.pos >= len(p.data) {
-		return nil, bad
-	}
-	p.pos++ // '}'
 	return tags, ""
 }
 

@@ -196,7 +196,7 @@ func TestIdemgateConfigIsAcceptedByTheStrictLoader(t *testing.T) {
 				require.NoError(t, err)
 				params, err := op.Selector.Select(doc, nil)
 				require.NoError(t, err)
-				token := doc.(map[string]any)["fingerprint"].(string)
+				token := doc.Value().(map[string]any)["fingerprint"].(string)
 				_, err = rt.Keys.Verify(token, fingerprint.Expect{Subject: subjectName(it.subject), Scope: op.Scope, Params: &params}, time.Now())
 				require.NoError(t, err)
 			}
@@ -208,7 +208,7 @@ func TestIdemgateConfigIsAcceptedByTheStrictLoader(t *testing.T) {
 				require.NoError(t, err)
 				params, err := mcpOp.Selector.Select(doc, nil)
 				require.NoError(t, err)
-				token := doc.(map[string]any)["fingerprint"].(string)
+				token := doc.Value().(map[string]any)["fingerprint"].(string)
 				_, err = rt.Keys.Verify(token, fingerprint.Expect{Subject: subjectName(it.subject), Scope: mcpOp.Scope, Params: &params}, time.Now())
 				require.NoError(t, err)
 			}

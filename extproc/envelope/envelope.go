@@ -194,7 +194,10 @@ type Operation struct {
 type Set struct {
 	prefix [numSlots][]byte
 	spec   [numSlots]Spec
-	op     Operation
+	// text is each message's text as rendered (placeholders filled), for
+	// renderings that show meaning and instruction apart from the body.
+	text [numSlots]Text
+	op   Operation
 }
 
 // numSlots bounds the fixed-size tables of a Set; every Message has a slot.
@@ -232,7 +235,8 @@ func Compile(language string, overrides map[Message]Text, op Operation) (*Set, e
 		}
 		spec := specs[id]
 		s.spec[slot] = spec
-		s.prefix[slot] = renderPrefix(spec, expand(text, op), op)
+		s.text[slot] = expand(text, op)
+		s.prefix[slot] = renderPrefix(spec, s.text[slot], op)
 	}
 	for id := range overrides {
 		if _, ok := slots[id]; !ok {
@@ -336,6 +340,16 @@ type Rendered struct {
 	RetryAfterSeconds int64
 	Status            string
 	Body              []byte
+}
+
+// Text is message m's meaning and instruction exactly as its envelopes
+// carry them.
+func (s *Set) Text(m Message) Text {
+	slot, ok := slots[m]
+	if !ok {
+		slot = slots[InternalError]
+	}
+	return s.text[slot]
 }
 
 // Render builds the envelope m with the request's trace id and dynamic

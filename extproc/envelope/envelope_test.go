@@ -129,6 +129,21 @@ func TestResultEmbedding(t *testing.T) {
 	require.Equal(t, `null`, string(AppendJSONOrString(nil, nil)))
 	require.Equal(t, ` {"a":1} `, string(AppendJSONOrString(nil, []byte(` {"a":1} `))))
 	require.Equal(t, `"{oops"`, string(AppendJSONOrString(nil, []byte(`{oops`))))
+	// Stricter than encoding/json's Valid: a result some parsers read two
+	// ways is embedded as text, and invalid UTF-8 never reaches the
+	// envelope raw.
+	require.Equal(t, `"{\"a\":1,\"a\":2}"`, string(AppendJSONOrString(nil, []byte(`{"a":1,"a":2}`))))
+	require.Equal(t, `"\"\ufffd\""`, string(AppendJSONOrString(nil, []byte("\"\xff\""))))
+}
+
+func TestTextIsWhatTheEnvelopeCarries(t *testing.T) {
+	set, err := Compile("en", nil, testOp)
+	require.NoError(t, err)
+	for _, m := range Messages() {
+		var body struct{ Meaning, Instruction string }
+		require.NoError(t, json.Unmarshal(set.Render(m, "t", 200, Extra{}).Body, &body))
+		require.Equal(t, Text{Meaning: body.Meaning, Instruction: body.Instruction}, set.Text(m), m)
+	}
 }
 
 func BenchmarkRender(b *testing.B) {

@@ -1,28 +1,28 @@
-package extproc
+package mcp
 
 import (
 	"bytes"
 )
 
-// sseEvent is one dispatched Server-Sent Event of a buffered response body
+// Event is one dispatched Server-Sent Event of a buffered response body
 // (WHATWG HTML, "Interpreting an event stream"): the byte span of its lines
 // in the body (terminating blank line included) and its data, the data
 // fields joined by line feeds.
-type sseEvent struct {
-	start, end int
-	data       []byte
+type Event struct {
+	Start, End int
+	Data       []byte
 	// other holds the event's lines that are not data fields (id, event,
 	// retry, comments), so a rewritten event keeps them.
 	other [][]byte
 }
 
-// parseSSE splits body into events. Lines end in CRLF, LF or CR; an event
+// ParseSSE splits body into events. Lines end in CRLF, LF or CR; an event
 // is dispatched at a blank line, so trailing lines without one (a stream cut
 // mid-event) form no event, exactly as a client discards them.
-func parseSSE(body []byte) []sseEvent {
+func ParseSSE(body []byte) []Event {
 	var (
-		events  []sseEvent
-		cur     sseEvent
+		events  []Event
+		cur     Event
 		hasData bool
 		inEvent bool
 	)
@@ -30,7 +30,7 @@ func parseSSE(body []byte) []sseEvent {
 	if bytes.HasPrefix(body, []byte("\xEF\xBB\xBF")) {
 		i = 3 // a leading BOM is ignored
 	}
-	cur.start = i
+	cur.Start = i
 	for i < len(body) {
 		j := i
 		for j < len(body) && body[j] != '\n' && body[j] != '\r' {
@@ -50,13 +50,13 @@ func parseSSE(body []byte) []sseEvent {
 		}
 		if len(line) == 0 {
 			if inEvent {
-				cur.end = next
+				cur.End = next
 				if hasData {
-					cur.data = bytes.TrimSuffix(cur.data, []byte("\n"))
+					cur.Data = bytes.TrimSuffix(cur.Data, []byte("\n"))
 					events = append(events, cur)
 				}
 			}
-			cur, hasData, inEvent = sseEvent{start: next}, false, false
+			cur, hasData, inEvent = Event{Start: next}, false, false
 			i = next
 			continue
 		}
@@ -67,7 +67,7 @@ func parseSSE(body []byte) []sseEvent {
 			value = bytes.TrimPrefix(value, []byte(" "))
 		}
 		if string(name) == "data" && len(line) > 0 && line[0] != ':' {
-			cur.data = append(append(cur.data, value...), '\n')
+			cur.Data = append(append(cur.Data, value...), '\n')
 			hasData = true
 		} else {
 			cur.other = append(cur.other, line)
@@ -77,16 +77,16 @@ func parseSSE(body []byte) []sseEvent {
 	return events
 }
 
-// sseReplace returns body with event ev's data replaced by data (one data
+// ReplaceEvent returns body with event ev's data replaced by data (one data
 // line; data must hold no line break), its other lines kept.
-func sseReplace(body []byte, ev sseEvent, data []byte) []byte {
-	out := make([]byte, 0, len(body)-(ev.end-ev.start)+len(data)+64)
-	out = append(out, body[:ev.start]...)
+func ReplaceEvent(body []byte, ev Event, data []byte) []byte {
+	out := make([]byte, 0, len(body)-(ev.End-ev.Start)+len(data)+64)
+	out = append(out, body[:ev.Start]...)
 	for _, l := range ev.other {
 		out = append(append(out, l...), '\n')
 	}
 	out = append(out, "data: "...)
 	out = append(out, data...)
 	out = append(out, "\n\n"...)
-	return append(out, body[ev.end:]...)
+	return append(out, body[ev.End:]...)
 }

@@ -1,14 +1,22 @@
-package extproc
+package jsonx_test
 
 import (
 	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemgate/idemgate/internal/jsonx"
 )
 
+// injectFieldsInto is the preview injection as extproc calls it.
+func injectFieldsInto(dst, body []byte, fields ...jsonx.Set) ([]byte, bool) {
+	out, err := jsonx.Splice(dst, body, fields...)
+	return out, err == nil
+}
+
 func TestInjectFields(t *testing.T) {
-	fp := []field{{name: "fingerprint", value: "tok"}, {name: "fingerprint_expires_at", value: "2030-01-01T00:00:00Z"}}
+	fp := []jsonx.Set{{Key: "fingerprint", Text: "tok"}, {Key: "fingerprint_expires_at", Text: "2030-01-01T00:00:00Z"}}
 	for _, tc := range []struct {
 		name string
 		body string
@@ -28,6 +36,13 @@ func TestInjectFields(t *testing.T) {
 		{name: "invalid", body: `{"a":}`},
 		{name: "trailing garbage", body: `{} x`},
 		{name: "empty", body: ``},
+		// Stricter than the json.Valid check this replaced: a body some
+		// parsers read two ways gets no fingerprint spliced in (the
+		// preview then carries it in the header only).
+		{name: "duplicate key", body: `{"a":1,"a":2}`},
+		{name: "duplicate fingerprint key", body: `{"fingerprint":"x","fingerprint":"y"}`},
+		{name: "invalid UTF-8", body: "{\"a\":\"\xff\"}"},
+		{name: "lone surrogate", body: `{"a":"\ud800"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, ok := injectFieldsInto(nil, []byte(tc.body), fp...)
@@ -48,7 +63,7 @@ func FuzzInjectFields(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		out, ok := injectFieldsInto(nil, body, field{name: "fingerprint", value: "v"}, field{name: "fingerprint_expires_at", value: "e"})
+		out, ok := injectFieldsInto(nil, body, jsonx.Set{Key: "fingerprint", Text: "v"}, jsonx.Set{Key: "fingerprint_expires_at", Text: "e"})
 		if !ok {
 			return
 		}

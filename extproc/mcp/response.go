@@ -1,0 +1,221 @@
+package mcp
+
+import (
+	"bytes"
+
+	"github.com/idemgate/idemgate/internal/jsonx"
+)
+
+// Final finds the JSON-RPC response to the request with id in a response
+// body: the body itself (application/json) or, in an event stream, the
+// event whose message has the id and a result or error (notifications
+// before it pass untouched). ev is the event (nil for JSON). A message that
+// is not strict JSON is not the response: it passes unchanged, and an
+// acquired confirm's outcome is then unknown.
+func Final(body []byte, sse bool, id []byte) (msg []byte, ev *Event, found bool) {
+	isResponse := func(raw []byte) bool {
+		ms, err := jsonx.Members(raw)
+		if err != nil || !SameID(jsonx.Lookup(ms, "id"), id) {
+			return false
+		}
+		return jsonx.Lookup(ms, "result") != nil || jsonx.Lookup(ms, "error") != nil
+	}
+	if !sse {
+		raw := bytes.TrimSpace(body)
+		return raw, nil, isResponse(raw)
+	}
+	events := ParseSSE(body)
+	for i := range events {
+		if isResponse(events[i].Data) {
+			return events[i].Data, &events[i], true
+		}
+	}
+	return nil, nil, false
+}
+
+// Replace puts newMsg in place of the final response msg found by Final in
+// body: the whole body for JSON, the event's data (compacted onto one line)
+// in a stream.
+func Replace(body []byte, ev *Event, newMsg []byte) []byte {
+	if ev == nil {
+		return newMsg
+	}
+	return ReplaceEvent(body, *ev, jsonx.Compact(newMsg))
+}
+
+// Outcome is what a tools/call response says of the call.
+type Outcome uint8
+
+const (
+	// Done: a result whose isError is not true, or a task handle.
+	Done Outcome = iota
+	// Failed: isError true, or the definite errors -32602 (invalid params)
+	// and -32601 (no such method).
+	Failed
+	// Ambiguous: any other error, or an answer asking for input (MRTR:
+	// the call is not finished).
+	Ambiguous
+)
+
+// OutcomeOf classifies a JSON-RPC response to tools/call (a message Final
+// found); why says what made it ambiguous.
+func OutcomeOf(msg []byte) (o Outcome, why string) {
+	ms, _ := jsonx.Members(msg)
+	if result := jsonx.Lookup(ms, "result"); result != nil {
+		rm, _ := jsonx.Members(result)
+		rt, _ := jsonx.String(jsonx.Lookup(rm, "resultType"))
+		switch {
+		case rt == "task":
+			return Done, ""
+		case rt == "input_required":
+			return Ambiguous, "the upstream asked for more input (input_required)"
+		case jsonx.IsTrue(jsonx.Lookup(rm, "isError")):
+			return Failed, ""
+		}
+		return Done, ""
+	}
+	code := string(bytes.TrimSpace(jsonx.MemberOf(jsonx.Lookup(ms, "error"), "code")))
+	switch code {
+	case "-32602", "-32601":
+		return Failed, ""
+	}
+	return Ambiguous, "the upstream answered JSON-RPC error " + code
+}
+
+// PreviewResult is a successful preview's result, ready for a fingerprint.
+type PreviewResult struct {
+	msg, result []byte
+	members     []jsonx.Member
+}
+
+// PreviewOf returns the result of a preview response that a fingerprint is
+// signed into: a complete result that is not an error (ok=false for an
+// error, isError, or a task or input request).
+func PreviewOf(msg []byte) (PreviewResult, bool) {
+	result := jsonx.MemberOf(msg, "result")
+	rm, _ := jsonx.Members(result)
+	if result == nil || jsonx.IsTrue(jsonx.Lookup(rm, "isError")) {
+		return PreviewResult{}, false
+	}
+	if rt, _ := jsonx.String(jsonx.Lookup(rm, "resultType")); rt != "" && rt != "complete" {
+		return PreviewResult{}, false
+	}
+	return PreviewResult{msg: msg, result: result, members: rm}, true
+}
+
+// Inject returns the response with fields set in structuredContent (when
+// that is an object, or absent: then it is made of fields alone) and block
+// appended to content, for clients that give the model only content.
+func (p PreviewResult) Inject(fields []jsonx.Set, block []byte) []byte {
+	set := make([]jsonx.Set, 0, 2)
+	sc := jsonx.Lookup(p.members, "structuredContent")
+	if jsonx.IsNull(sc) {
+		set = append(set, jsonx.Set{Key: "structuredContent", Raw: jsonx.Edit(nil, nil, fields...)})
+	} else if spliced, err := jsonx.Splice(nil, sc, fields...); err == nil {
+		set = append(set, jsonx.Set{Key: "structuredContent", Raw: spliced})
+	}
+	// An array or scalar has no room for members: the text block carries it.
+	set = append(set, jsonx.Set{Key: "content", Raw: jsonx.AppendElements(jsonx.Lookup(p.members, "content"), block)})
+	return jsonx.Edit(p.msg, nil, jsonx.Set{Key: "result", Raw: jsonx.Edit(p.result, nil, set...)})
+}
+
+// ToolList is a tools/list result.
+type ToolList struct {
+	msg, result []byte
+	// Tools are the raw tool definitions.
+	Tools [][]byte
+	// LastPage: no nextCursor, so the list ends on this page.
+	LastPage bool
+}
+
+// ToolListOf reads a tools/list response (ok=false when it has no result
+// with a tools array).
+func ToolListOf(msg []byte) (ToolList, bool) {
+	result := jsonx.MemberOf(msg, "result")
+	tools, err := jsonx.Elements(jsonx.MemberOf(result, "tools"))
+	if result == nil || err != nil {
+		return ToolList{}, false
+	}
+	return ToolList{msg: msg, result: result, Tools: tools, LastPage: jsonx.IsNull(jsonx.MemberOf(result, "nextCursor"))}, true
+}
+
+// With returns the response with its tools replaced by tools; the cursor
+// and every other member pass unchanged.
+func (l ToolList) With(tools [][]byte) []byte {
+	return jsonx.Edit(l.msg, nil, jsonx.Set{Key: "result", Raw: jsonx.Edit(l.result, nil, jsonx.Set{Key: "tools", Raw: jsonx.AppendElements(nil, tools...)})})
+}
+
+// ToolName is a tool definition's name.
+func ToolName(tool []byte) string {
+	name, _ := jsonx.String(jsonx.MemberOf(tool, "name"))
+	return name
+}
+
+// FingerprintProperty is the JSON Schema of a fingerprint argument.
+func FingerprintProperty(description string) []byte {
+	b := append([]byte(`{"type":"string","description":`), jsonx.AppendString(nil, description)...)
+	return append(b, '}')
+}
+
+// WithFingerprintArgument adds the required argument field (described by
+// description) to a confirm tool's inputSchema, and drops its outputSchema:
+// idemgate's replays and refusals carry the envelope as structuredContent,
+// which a client validating against the upstream's schema would reject.
+func WithFingerprintArgument(tool []byte, field, description string) []byte {
+	schema := jsonx.MemberOf(tool, "inputSchema")
+	if !jsonx.IsObject(schema) {
+		schema = []byte(`{"type":"object"}`)
+	}
+	props := jsonx.MemberOf(schema, "properties")
+	if !jsonx.IsObject(props) {
+		props = []byte("{}")
+	}
+	props = jsonx.Edit(props, nil, jsonx.Set{Key: field, Raw: FingerprintProperty(description)})
+	required, _ := jsonx.Elements(jsonx.MemberOf(schema, "required"))
+	listed := false
+	for _, r := range required {
+		if s, _ := jsonx.String(r); s == field {
+			listed = true
+		}
+	}
+	if !listed {
+		required = append(required, jsonx.AppendString(nil, field))
+	}
+	schema = jsonx.Edit(schema, nil, jsonx.Set{Key: "properties", Raw: props}, jsonx.Set{Key: "required", Raw: jsonx.AppendElements(nil, required...)})
+	return jsonx.Edit(tool, []string{"outputSchema"}, jsonx.Set{Key: "inputSchema", Raw: schema})
+}
+
+// WithPreviewOutput declares the injected string fields in a preview tool's
+// outputSchema, when it has properties (a client validating the result must
+// accept them even under additionalProperties: false).
+func WithPreviewOutput(tool []byte, fields ...string) []byte {
+	schema := jsonx.MemberOf(tool, "outputSchema")
+	props := jsonx.MemberOf(schema, "properties")
+	if !jsonx.IsObject(props) {
+		return tool
+	}
+	str := []byte(`{"type":"string"}`)
+	set := make([]jsonx.Set, 0, len(fields))
+	for _, f := range fields {
+		set = append(set, jsonx.Set{Key: f, Raw: str})
+	}
+	props = jsonx.Edit(props, nil, set...)
+	return jsonx.Edit(tool, nil, jsonx.Set{Key: "outputSchema", Raw: jsonx.Edit(schema, nil, jsonx.Set{Key: "properties", Raw: props})})
+}
+
+// StatusTool is the tools/list entry of a status tool, which idemgate
+// answers itself.
+func StatusTool(name, description, field, fieldDescription string) []byte {
+	b := []byte(`{"name":`)
+	b = jsonx.AppendString(b, name)
+	b = append(b, `,"description":`...)
+	b = jsonx.AppendString(b, description)
+	b = append(b, `,"inputSchema":{"type":"object","properties":{`...)
+	b = jsonx.AppendString(b, field)
+	b = append(b, ':')
+	b = append(b, FingerprintProperty(fieldDescription)...)
+	b = append(b, `},"required":[`...)
+	b = jsonx.AppendString(b, field)
+	b = append(b, `]},"annotations":{"readOnlyHint":true,"idempotentHint":true}}`...)
+	return b
+}
