@@ -1,5 +1,5 @@
-// Package attest signs idemgate's execution attestations (DESIGN section
-// 11): a compact JWS, EdDSA over Ed25519, that idemgate adds to every
+// Package attest signs idemgate's execution attestations (docs/design.md
+// §11): a compact JWS, EdDSA over Ed25519, that idemgate adds to every
 // request it forwards after acquiring a record, so the upstream can refuse
 // a confirm that went around idemgate. Its keys are a set of their own —
 // one active key signs, every configured key is published in the JWKS —

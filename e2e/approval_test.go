@@ -57,7 +57,7 @@ func approvalStack(t *testing.T) (*stack.Stack, func(id, sub string) int) {
 	return s, decide
 }
 
-// TestApprovalThroughRealEnvoy (DESIGN section 10): a transfer above the
+// TestApprovalThroughRealEnvoy (docs/design.md §10): a transfer above the
 // threshold is answered 202 approval_pending through Envoy and not
 // executed; another person approves it on approval_listen with a bearer
 // JWT; the confirm then executes once, with its approval consumed, and

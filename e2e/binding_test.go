@@ -71,7 +71,7 @@ func executedTo(t *testing.T, r *stack.Response) (amount, account string) {
 	return tr.Amount, tr.Payee.AccountID
 }
 
-// TestBindingRule (docs/design.md section 2): each body that once confirmed
+// TestBindingRule (docs/design.md §2): each body that once confirmed
 // a different operation than the one previewed — a case twin of a bound
 // key, of a key inside the bound path, of the intermediate object, and an
 // NFD spelling of the account id — is refused through the full stack

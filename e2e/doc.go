@@ -67,7 +67,7 @@
 //
 // # The tests
 //
-//	seed 十 / DESIGN                     test
+//	failure / docs/design.md             test
 //	并发压测 concurrency                  TestConcurrentIdenticalConfirmsExecuteOnce
 //	崩溃注入 kill -9 after execution      TestCrashBetweenExecutionAndRecord (honours keys / ignores keys)
 //	缓存清空 FLUSHALL                     TestReplayAfterRedisFlushall

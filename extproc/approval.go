@@ -13,7 +13,7 @@ import (
 	"github.com/idemgate/idemgate/state"
 )
 
-// Confirms that need people's approval (DESIGN section 10). For an
+// Confirms that need people's approval (docs/design.md §10). For an
 // operation with an approval block, a verified confirm (fingerprint, scope,
 // subject and params all checked) is decided in this order:
 //

@@ -14,7 +14,7 @@ import (
 // after ACQUIRED (a first send or a takeover's re-send): the nonce as the
 // downstream's idempotency key (overwriting whatever the client sent: the
 // nonce is the only key the upstream may see, and Envoy's retries keep
-// it), and the attestation of DESIGN section 11 that lets the upstream
+// it), and the attestation of docs/design.md §11 that lets the upstream
 // refuse a confirm that went around idemgate. The attestation is kept on
 // the exchange for the MCP body (params._meta). nil without either.
 func (ex *exchange) forwardHeaders(claims fingerprint.Claims, fence int64) (*extprocv3.HeaderMutation, error) {

@@ -12,7 +12,7 @@ import (
 	"github.com/idemgate/idemgate/fingerprint"
 )
 
-// The binding rule (DESIGN section 2) at the server: a body whose bound
+// The binding rule (docs/design.md §2) at the server: a body whose bound
 // fields the upstream could read otherwise than idemgate is refused before
 // the upstream, at preview, confirm and status, and the attempt is a
 // security event. Nothing is acquired, so the exact body still confirms.

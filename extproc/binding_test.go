@@ -59,7 +59,7 @@ func bindingEnv(t *testing.T) (*env, *webhookSink) {
 }
 
 // The binding rule at the server: the four smuggling bodies of
-// docs/design.md section 2 (case twins of a bound key, of a key inside the
+// docs/design.md §2 (case twins of a bound key, of a key inside the
 // bound path and of the intermediate object, an NFD account id; and escaped
 // and fingerprint-field variants) are refused at preview and confirm with
 // invalid_params naming the keys, a security event in the log, the counter

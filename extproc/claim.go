@@ -76,7 +76,7 @@ func (ex *exchange) replyFailed() {
 // most of its own local replies (the router's 504 and 503) through the
 // response phase, where confirmResponseHeaders classifies them; the 500 for
 // a response over the buffer limit does not, and a cancelled stream ends
-// here too (docs/design.md section 4).
+// here too (docs/design.md §4).
 func (ex *exchange) finish() {
 	ex.settle(false, nil, "the stream ended before the upstream response was recorded")
 }

@@ -19,7 +19,7 @@ import (
 // jwt_authn's whole JWT payload as a protobuf Struct) and attributes to
 // every message of a stream. Decoding those maps of Structs is the largest
 // single cost of a preview — more than parsing, hashing and signing
-// together — yet idemgate reads attributes never (DESIGN section 8) and
+// together — yet idemgate reads attributes never (docs/design.md §8) and
 // metadata only when the subject comes from it. So the top-level fields of
 // the wire message are walked and the unread ones skipped: the kept runs are
 // merged into the message one after the other, which is exactly what

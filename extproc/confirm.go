@@ -60,7 +60,7 @@ import (
 // to a person (UNKNOWN). attempt counts follow-up calls: 0 for the first
 // Acquire, 1 after a Takeover or MarkUnknown, one more per Acquire again of
 // a vanished record. The upstream outcome is the operation's outcomes for
-// the HTTP status (DESIGN section 3); for an MCP tools/call answered 2xx it
+// the HTTP status (docs/design.md §3); for an MCP tools/call answered 2xx it
 // is the JSON-RPC response's (mcpOutcome), and a 2xx without one is
 // ambiguous. A failed Acquire, Takeover or MarkUnknown is answered
 // temporarily_unavailable (a claim the failed Acquire or Takeover may have
@@ -70,7 +70,7 @@ import (
 // fingerprint_expired (expired, in verifyfail.go).
 
 // outcomeClass is how an upstream answer settles a record: the operation's
-// config.Outcomes decide (DESIGN section 3's defaults, overridable).
+// config.Outcomes decide (docs/design.md §3's defaults, overridable).
 type outcomeClass = config.Outcome
 
 const (
@@ -80,7 +80,7 @@ const (
 	classAmbiguous = config.OutcomeAmbiguous
 )
 
-// confirmRequest runs the checks of DESIGN section 8 in order: body size,
+// confirmRequest runs the checks of docs/design.md §8 in order: body size,
 // JSON syntax, subject, fingerprint present, verify (MAC, version, scope,
 // subject, expiry, params), then acquire.
 func (ex *exchange) confirmRequest(body []byte, headersOnly bool) (*extprocv3.ProcessingResponse, bool) {

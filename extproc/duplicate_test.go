@@ -11,7 +11,7 @@ import (
 )
 
 // A bound field given twice is the oldest smuggling body: encoding/json keeps
-// the last value, some binders the first. DESIGN section 2 answers it like a
+// the last value, some binders the first. docs/design.md §2 answers it like a
 // case twin — invalid_params naming the key, a security event, nothing
 // consumed — while a duplicate outside the bound paths is only malformed
 // JSON (invalid_json, no event: a sloppy client, not an attack on the hash).

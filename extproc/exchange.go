@@ -69,7 +69,7 @@ type exchange struct {
 	respHeaders []state.Header
 	respClass   outcomeClass
 
-	// mcp is set on streams to an MCP endpoint (DESIGN section 9).
+	// mcp is set on streams to an MCP endpoint (docs/design.md §9).
 	mcp *mcpExchange
 
 	tr streamTrace
@@ -201,7 +201,7 @@ type parsedBody struct {
 	present bool
 }
 
-// parseRequestBody applies the first two checks of DESIGN section 8: size,
+// parseRequestBody applies the first two checks of docs/design.md §8: size,
 // then JSON syntax (depth bounded). A reply is returned when the request is
 // refused.
 func (ex *exchange) parseRequestBody(body []byte) (parsedBody, *extprocv3.ProcessingResponse) {
@@ -268,7 +268,7 @@ func (ex *exchange) resolveSubject(hm *corev3.HeaderMap, md *corev3.Metadata) st
 }
 
 // fingerprintRequest runs the checks confirm and status start with, in the
-// order of DESIGN section 8: body size and JSON syntax, subject, then a
+// order of docs/design.md §8: body size and JSON syntax, subject, then a
 // fingerprint present (answered with missing when there is none).
 func (ex *exchange) fingerprintRequest(body []byte, missing envelope.Message) (pb parsedBody, token string, refused *extprocv3.ProcessingResponse) {
 	pb, refused = ex.parseRequestBody(body)

@@ -42,7 +42,7 @@ func (ex *exchange) mcpEnvelope(msg envelope.Message, originalStatus int, x enve
 	ex.decision(r.Status)
 	text := set.Text(msg)
 	// approval_pending (202) is not a result either: the operation did not
-	// run (DESIGN section 10: isError for every approval answer but granted).
+	// run (docs/design.md §10: isError for every approval answer but granted).
 	isError := r.HTTPStatus >= 400 || msg == envelope.ApprovalPending
 	var more [][]byte
 	if replay {

@@ -101,7 +101,7 @@ func (ex *exchange) mcpRewrite(body []byte, edit func(msg []byte) ([]byte, bool)
 }
 
 // mcpRecordConfirm classifies the upstream's answer to an acquired confirm
-// (DESIGN section 9) and settles the record: a result whose isError is not
+// (docs/design.md §9) and settles the record: a result whose isError is not
 // true, or a task handle, is DONE; isError true and the definite JSON-RPC
 // errors -32602 (invalid params) and -32601 (no such method) are FAILED;
 // any other error, an answer asking for input (MRTR: the call is not

@@ -110,7 +110,7 @@ func (ex *exchange) sign() (string, time.Time, error) {
 }
 
 // approvalRequired reports whether the previewed params fire an at_least
-// rule of the operation's approval (DESIGN section 10): the fingerprint
+// rule of the operation's approval (docs/design.md §10): the fingerprint
 // then lives approval.ttl, and the preview says approval_required.
 func (ex *exchange) approvalRequired() bool {
 	return ex.op.Approval != nil && len(ex.firedRules(ex.params)) > 0

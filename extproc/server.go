@@ -1,7 +1,7 @@
 // Package extproc is idemgate's Envoy external-processing server: for every
 // HTTP request of a configured operation Envoy opens one
 // envoy.service.ext_proc.v3.ExternalProcessor/Process stream, and the server
-// runs the preview, confirm or status phase machine of DESIGN section 4 on
+// runs the preview, confirm or status phase machine of docs/design.md §4 on
 // it. Traffic for other routes passes through untouched.
 //
 // Per stream the server answers exactly one reply per message Envoy sends
@@ -57,7 +57,7 @@ type Options struct {
 	// Tracer, when set, traces every guarded stream (tracing.go); nil
 	// means no tracing at all.
 	Tracer trace.Tracer
-	// Approvals keeps the approvals of gated confirms (DESIGN section 10):
+	// Approvals keeps the approvals of gated confirms (docs/design.md §10):
 	// PostgreSQL's, or the memory store's. Nil (Redis alone): every
 	// confirm that may need approval answers temporarily_unavailable.
 	Approvals state.Approvals
@@ -165,7 +165,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	// Deferred first so it runs last: finish's settlement is inside the span.
 	defer ex.traceEnd()
 	// Whatever ends the stream, a record this stream acquired is settled
-	// before Process returns (DESIGN section 8: within one second).
+	// before Process returns (docs/design.md §8: within one second).
 	defer ex.finish()
 	defer ex.releaseBuffers()
 	for {

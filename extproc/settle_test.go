@@ -11,7 +11,7 @@ import (
 	"github.com/idemgate/idemgate/state/memory"
 )
 
-// settleBound is DESIGN section 8's promise: a stream that ends after
+// settleBound is docs/design.md §8's promise: a stream that ends after
 // ACQUIRED with no response phase is settled within one second (EndLease or
 // MarkUnknown), so the agent's retry does not wait for the lease. The
 // measured settle is a few milliseconds; a second is margin enough for a

@@ -8,7 +8,7 @@ import (
 	"github.com/idemgate/idemgate/state"
 )
 
-// statusRequest answers the status route itself (DESIGN section 4): the
+// statusRequest answers the status route itself (docs/design.md §4): the
 // fingerprint's MAC, scope and subject are verified (an expired fingerprint
 // may still ask), the record is read, and the answer is HTTP 200 with
 // status not_started | in_progress | completed | failed |

@@ -69,7 +69,7 @@ func requireEnvelope(t testing.TB, res result, httpStatus int, status string, re
 	return body
 }
 
-// runSuite covers DESIGN sections 4 and 5 over d: every row of the envelope
+// runSuite covers docs/design.md §4 and §5 over d: every row of the envelope
 // table, every status-route answer, replays, header-only fingerprints,
 // Idempotency-Key overwrite, streams cut after ACQUIRED, concurrency.
 func runSuite(t *testing.T, e *env, d dialer) {

@@ -20,8 +20,8 @@ import (
 // for. So the rest of the token is verified as usual (MAC, scope, subject,
 // params) and the record decides: a terminal record is replayed, one in
 // flight or unknown is answered as such; only when nothing was ever
-// acquired is the answer fingerprint_expired. This departs from DESIGN
-// section 8's order (expiry before the store) on purpose.
+// acquired is the answer fingerprint_expired. This departs from docs/design.md
+// §8's order (expiry before the store) on purpose.
 //
 // The record is only read, never claimed: an expired token starts nothing,
 // whatever the record says ("refused from exp + 1s"). The confirm path's

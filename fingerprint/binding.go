@@ -14,8 +14,8 @@ import (
 // when a bound field can be read two ways by the upstream's JSON binder: an
 // object on a bound path (or inside a bound value) holds keys that are equal
 // ignoring case without being byte-identical, or a key equal ignoring case to
-// a bound segment, or a key containing U+0000. The binding rule (DESIGN
-// section 2): what idemgate hashes must be what the upstream executes.
+// a bound segment, or a key containing U+0000. The binding rule (docs/design.md
+// §2): what idemgate hashes must be what the upstream executes.
 var ErrAmbiguousKey = errors.New("ambiguous key")
 
 // ErrAmbiguousValue is returned by Select for a bound value that mainstream

@@ -28,7 +28,7 @@ import (
 // previewedBody is the confirm body of the previewed transfer, fingerprint
 // field included (its value is opaque here).
 // The account id holds an "é" (U+00E9) so that its NFD spelling is another
-// account to the upstream (the NFD row of README's binding-rule table).
+// account to the upstream (the NFD row of docs/binding-rule.md's table).
 const previewedBody = `{"amount":"250.00","currency":"EUR","payee":{"account_id":"acc_caf\u00e9","name":"Alice"},"memo":"rent","fingerprint":"fp.token"}`
 
 // demoParams are the demo operation's params (cmd/idemgate's demo config).
@@ -212,7 +212,7 @@ type bindingSeed struct{ body, ops []byte }
 
 // bindingSeeds are FuzzBinding's seeds (the committed corpus adds to them):
 // every mutation with a few arguments, and the four bodies that once
-// confirmed another operation (docs/design.md section 2).
+// confirmed another operation (docs/design.md §2).
 func bindingSeeds() []bindingSeed {
 	seeds := []bindingSeed{{[]byte(previewedBody), []byte{}}, {[]byte(withFillers(previewedBody, 17)), []byte{}}}
 	for op := range byte(opCount) {

@@ -24,7 +24,7 @@ func bindSelect(t *testing.T, params []fingerprint.Param, body string) (fingerpr
 }
 
 // The case-twin bodies that once confirmed another operation (docs/design.md
-// section 2: a twin of a bound key, of a key inside the bound path, of the
+// §2: a twin of a bound key, of a key inside the bound path, of the
 // intermediate object), and their relatives: each is refused with the
 // offending keys named by JSON path.
 func TestBindingRefusesAmbiguousKeys(t *testing.T) {
@@ -97,7 +97,7 @@ func requireAmbiguous(t *testing.T, params []fingerprint.Param, body string, pat
 }
 
 // ambiguousKeyCases are the case-twin bodies that once confirmed another
-// operation (docs/design.md section 2: a twin of a bound key, of a key
+// operation (docs/design.md §2: a twin of a bound key, of a key
 // inside the bound path, of the intermediate object), and their
 // relatives, with the offending keys named by JSON path.
 var ambiguousKeyCases = []struct {

@@ -25,7 +25,7 @@ var ErrInvalidKey = errors.New("invalid key")
 // Labels for the sub-keys derived from every configured key with HKDF-Expand
 // (RFC 5869, SHA-256, the configured key as PRK, 32 bytes). Each use of a key
 // gets its own sub-key; the MAC itself uses the configured key directly, as
-// DESIGN section 2 specifies. The labels contain '/' and HKDF appends 0x01,
+// docs/design.md §2 specifies. The labels contain '/' and HKDF appends 0x01,
 // neither of which can occur in the base64url text the MAC is computed over,
 // so no MAC input ever equals a derivation input.
 const (

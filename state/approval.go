@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// Approvals (DESIGN section 10) are people's consent to one gated confirm:
+// Approvals (docs/design.md §10) are people's consent to one gated confirm:
 // bound to its nonce, scope, parameter hash and subject, decided by
 // approvers, and consumed by the execution itself.
 //
@@ -123,8 +123,8 @@ type ApprovalRequest struct {
 	Spends []Spend
 }
 
-// Spend is what one confirm adds to a daily_total budget (DESIGN section
-// 10): the sum over a UTC day of its nonces whose record is IN_FLIGHT, DONE
+// Spend is what one confirm adds to a daily_total budget (docs/design.md
+// §10): the sum over a UTC day of its nonces whose record is IN_FLIGHT, DONE
 // or UNKNOWN, or, without a record, whose approval is PENDING or APPROVED.
 type Spend struct {
 	Operation string

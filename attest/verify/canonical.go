@@ -10,7 +10,7 @@ import (
 	"strings"
 )
 
-// The canonical parameters (DESIGN section 2): an object of the bound
+// The canonical parameters (docs/design.md §2): an object of the bound
 // params keyed by their paths as configured, keys sorted by their UTF-8
 // bytes, nulls and absent fields left out, numbers as canonical decimals,
 // strings byte for byte after unescaping (NFC only for a param that says

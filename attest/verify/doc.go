@@ -1,5 +1,5 @@
 // Package verify checks idemgate's execution attestations in the upstream
-// (DESIGN section 11). Every request idemgate lets through after ACQUIRED
+// (docs/design.md §11). Every request idemgate lets through after ACQUIRED
 // carries a compact JWS (EdDSA, Ed25519) in the Idempotency-Attestation
 // header — and, for an MCP tools/call, in params._meta
 // ["io.idemgate/attestation"] — that binds the idempotency key, the

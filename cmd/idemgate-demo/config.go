@@ -17,8 +17,8 @@ const (
 	// demoKeyEnv is the variable envoy/idemgate.yaml reads the signing key
 	// from; the demo generates a key when it is not set.
 	demoKeyEnv = "IDEMGATE_KEY_K1"
-	// demoAttestKeyEnv holds the demo's attestation key (DESIGN section
-	// 11); generated for the run when it is not set.
+	// demoAttestKeyEnv holds the demo's attestation key (docs/design.md
+	// §11); generated for the run when it is not set.
 	demoAttestKeyEnv = "IDEMGATE_ATTEST_KEY_A1"
 	// demoConfigName names the derived config in problems.
 	demoConfigName = "envoy/idemgate.yaml (demo: memory store, text logs)"
@@ -34,7 +34,7 @@ const (
 // also needs a person's approval from demoApprovalThreshold up, decided on
 // the approvers' API (approval_listen on a loopback port the system picks)
 // with tokens verified by the JWKS in approversJWKS, so the demo can walk
-// through DESIGN section 10.
+// through docs/design.md §10.
 func demoConfigYAML(approversJWKS string) ([]byte, error) {
 	var shipped yaml.MapSlice
 	if err := yaml.UnmarshalWithOptions(envoy.IdemgateYAML(), &shipped, yaml.UseOrderedMap()); err != nil {

@@ -154,7 +154,7 @@ func demoScript(st scriptInfo, now time.Time) (string, error) {
 	line("# 13. The status tool, answered by idemgate itself: \"status\":\"completed\" with the stored result.")
 	line(`%s -d '%s'`, mcpCurl, mcpCall(5, "transfer_status", `{"fingerprint":"'"$MFP"'"}`))
 	line("")
-	line("# Human approval (DESIGN section 10): in this demo a transfer of %s or more needs one approver other than the requester (approval block of the transfer operation).", demoApprovalThreshold)
+	line("# Human approval (docs/design.md §10): in this demo a transfer of %s or more needs one approver other than the requester (approval block of the transfer operation).", demoApprovalThreshold)
 	line("# 14. Preview 1500.00 as alice: expect 200 with \"approval_required\":true and a fingerprint that lives approval.ttl (%s) instead of %s, so people have time to decide.", shortDuration(demoApprovalTTL), fpTTL)
 	line(`APREVIEW=$(%s); printf '%%s\n' "$APREVIEW"`, demoCurl("preview", "$ALICE", "", "'"+demoBigTransfer+"'"))
 	line(`AFP=$(printf '%%s\n' "$APREVIEW" | %s); echo "AFP=$AFP"`, fingerprintSed)

@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// The run's approval rule (DESIGN section 10): a transfer of at least
+// The run's approval rule (docs/design.md §10): a transfer of at least
 // ApprovalAtLeast waits for ApprovalRequired distinct approvers, none of
 // them its requester. Agents' amounts run up to 900.99 (and drifted ones,
 // previewed again, above 1000), so a fair share of transfers is gated.

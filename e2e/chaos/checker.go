@@ -11,7 +11,7 @@ import (
 // Violation is one broken invariant.
 type Violation struct {
 	// Invariant is which of Check's seven numbered invariants broke (1..7;
-	// README's "Chaos run" lists them).
+	// docs/testing.md's "Chaos run" lists them).
 	Invariant int
 	Nonce     string
 	Detail    string
@@ -87,7 +87,7 @@ func classify(c Call) string {
 	return ClassDeadEnd
 }
 
-// ambiguousStatus is DESIGN section 3's ambiguous 4xx.
+// ambiguousStatus is docs/design.md §3's ambiguous 4xx.
 func ambiguousStatus(code int) bool {
 	return code == 408 || code == 409 || code == 425 || code == 429
 }
@@ -216,7 +216,7 @@ func Check(h History) []Violation {
 				add(4, n, "executed, yet its record is still IN_FLIGHT (released, never completed)")
 			}
 			// With a key-ignoring downstream an expired lease is UNKNOWN
-			// (DESIGN section 3): idemgate answers it as
+			// (docs/design.md §3): idemgate answers it as
 			// needs_reconciliation and marks the row only on the next
 			// confirm. It is checked as an UNKNOWN below.
 		case "DONE", "FAILED":
@@ -284,7 +284,7 @@ func Check(h History) []Violation {
 		}
 	}
 
-	// (7) Human approval (DESIGN section 10).
+	// (7) Human approval (docs/design.md §10).
 	checkApprovals(h, upByNonce, add)
 
 	sort.SliceStable(out, func(i, j int) bool {
@@ -297,7 +297,7 @@ func Check(h History) []Violation {
 }
 
 // ExpiredUnmarked says r is an IN_FLIGHT row whose lease ran out under a
-// key-ignoring downstream: UNKNOWN by DESIGN section 3, though PostgreSQL
+// key-ignoring downstream: UNKNOWN by docs/design.md §3, though PostgreSQL
 // still says IN_FLIGHT because nobody confirmed it since.
 func ExpiredUnmarked(h History, r Row) bool {
 	return !h.HonoursKeys && r.State == "IN_FLIGHT" && !r.LeaseUntil.After(h.RowsAt)

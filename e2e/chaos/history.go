@@ -23,7 +23,7 @@ type Issued struct {
 	At     time.Time
 }
 
-// Envelope is the part of an idemgate answer (DESIGN section 5) the checker reads.
+// Envelope is the part of an idemgate answer (docs/design.md §5) the checker reads.
 type Envelope struct {
 	Status       string          `json:"status"`
 	Instruction  string          `json:"instruction"`

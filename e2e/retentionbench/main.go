@@ -2,7 +2,7 @@
 // records costs at scale, today's row-by-row sweeper against dropping a
 // daily partition: the time, the WAL written, and the latency of the
 // confirms that run meanwhile. It also measures bytes per record in
-// PostgreSQL and Redis, for README's sizing table. It writes its section of
+// PostgreSQL and Redis, for docs/scaling.md's sizing table. It writes its section of
 // BENCHMARKS.md (make bench-retention; not part of make test: loading ten
 // million records takes minutes and gigabytes).
 //

@@ -109,7 +109,7 @@ func report(records int, baseline latencies, parts, sweep removal, pgBytes, redi
 		ratio(float64(sweep.took), float64(parts.took)), ratio(float64(sweep.walBytes), float64(parts.walBytes)),
 		ratio(float64(sweep.during.pct(0.99)), float64(baseline.pct(0.99))), ratio(float64(parts.during.pct(0.99)), float64(baseline.pct(0.99))))
 	fmt.Fprintf(&b, "The sweeper's deletes also leave %d dead tuples for autovacuum to clean afterwards (more I/O and WAL, not counted above); a dropped partition leaves none.\n\n", sweep.removed)
-	b.WriteString("Bytes per record (a transfer's 256-byte JSON answer, one stored header, its result reference), the basis of README's sizing table:\n\n")
+	b.WriteString("Bytes per record (a transfer's 256-byte JSON answer, one stored header, its result reference), the basis of docs/scaling.md's sizing table:\n\n")
 	fmt.Fprintf(&b, "- PostgreSQL: %.0f bytes per record, table and indexes (pg_total_relation_size of a daily partition / its rows)\n", pgBytes)
 	fmt.Fprintf(&b, "- Redis: %.0f bytes per record (used_memory grown by 20000 completed records / 20000)\n\n", redisBytes)
 	fmt.Fprintf(&b, "Command: `make bench-retention` (`go run ./e2e/retentionbench -records %d -out BENCHMARKS.md`).\n", records)

@@ -76,7 +76,7 @@ type Operation struct {
 	// Idempotency-Key) and "" when the downstream ignores keys.
 	DownstreamIdempotencyHeader *string `json:"downstream_idempotency_header"`
 	// MCP is set for an operation served as MCP tools on one endpoint
-	// (DESIGN section 9) instead of three routes.
+	// (docs/design.md §9) instead of three routes.
 	MCP *struct {
 		Endpoint string `json:"endpoint"`
 	} `json:"mcp"`

@@ -1,4 +1,4 @@
-// Package approvalapi is the approvers' JSON API of DESIGN section 10,
+// Package approvalapi is the approvers' JSON API of docs/design.md §10,
 // served on approval_listen (plain HTTP behind the SSO proxy that sets the
 // bearer token):
 //
@@ -352,7 +352,7 @@ func ParseState(s string) (state.ApprovalState, bool) {
 	return "", false
 }
 
-// View is <approval> as DESIGN section 10 shows it. The fingerprint and
+// View is <approval> as docs/design.md §10 shows it. The fingerprint and
 // unbound fields are never part of it: an approval holds neither.
 type View struct {
 	ApprovalID string         `json:"approval_id"`

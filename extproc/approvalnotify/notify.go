@@ -1,5 +1,5 @@
-// Package approvalnotify tells people of a new approval (DESIGN section
-// 10): one POST of {"type": "approval.requested", "approval": <approval>}
+// Package approvalnotify tells people of a new approval (docs/design.md
+// §10): one POST of {"type": "approval.requested", "approval": <approval>}
 // per approval, signed as Standard Webhooks do (webhook-id,
 // webhook-timestamp, webhook-signature: v1,<base64 HMAC-SHA256(key,
 // id.timestamp.body)>), retried with exponential backoff until the

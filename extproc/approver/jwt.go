@@ -1,5 +1,5 @@
 // Package approver verifies the bearer tokens of the people who approve or
-// deny a gated confirm (DESIGN section 10): a JWT signed by a key of a JWKS,
+// deny a gated confirm (docs/design.md §10): a JWT signed by a key of a JWKS,
 // with ES256, RS256 or EdDSA (never "none", never HMAC), issued by the
 // configured issuer for the configured audience, inside its exp/nbf window
 // give or take a bounded clock skew. The verified "sub" is the approver.

@@ -13,8 +13,8 @@ import (
 	"github.com/idemgate/idemgate/extproc/approver"
 )
 
-// ApprovalSpec is an operation's approval block as written (DESIGN section
-// 10): the rules that make a confirm wait for people, who may decide, and
+// ApprovalSpec is an operation's approval block as written (docs/design.md
+// §10): the rules that make a confirm wait for people, who may decide, and
 // how long an approval (and a gated fingerprint) lives.
 type ApprovalSpec struct {
 	Rules     []ApprovalRuleSpec `yaml:"rules"`

@@ -11,8 +11,8 @@ import (
 	"github.com/idemgate/idemgate/attest/verify"
 )
 
-// Attestation is the attestation section of idemgate.yaml (DESIGN section
-// 11): the Ed25519 keys that sign what idemgate forwards after ACQUIRED.
+// Attestation is the attestation section of idemgate.yaml (docs/design.md
+// §11): the Ed25519 keys that sign what idemgate forwards after ACQUIRED.
 // Absent, nothing is attested (check-config's summary says so).
 type Attestation struct {
 	ActiveKey string               `yaml:"active_key"`
@@ -46,7 +46,7 @@ const offlineAttestationKey = "b2ZmbGluZS1hdHRlc3RhdGlvbi1zdGFuZC1pbi1rZXk="
 func (c *compiler) attestation(a *Attestation, fingerprintKeys [][]byte) *AttestationSettings {
 	if a == nil {
 		// Off. Not a warning, so configs from before attestations check
-		// clean; the summary says it is off and README says why to turn
+		// clean; the summary says it is off and docs/attestation.md says why to turn
 		// it on.
 		return nil
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/idemgate/idemgate/fingerprint"
 )
 
-// Defaults (DESIGN section 6; README's Configuration section). The process
+// Defaults (docs/design.md §6; docs/configuration.md). The process
 // settings' defaults (listeners, log, store backends, drain, tracing) are in
 // cmd/idemgate/settings.
 const (
@@ -653,7 +653,7 @@ func (c *compiler) params(op *Operation, o *OperationSpec, at func(...any) []any
 		case "":
 		case "nfc":
 			fp.NFC = true
-			// The binding rule (DESIGN section 2): an equivalence only
+			// The binding rule (docs/design.md §2): an equivalence only
 			// idemgate makes is a hole, so say plainly when this is safe.
 			c.warnf(at("params", j, "normalize"), "nfc makes byte-different spellings of %s (NFD \"cafe\\u0301\" and NFC \"caf\\u00e9\") confirm as one value: safe only if the upstream itself NFC-normalises %s before using it; otherwise remove normalize and let strings compare byte for byte", prm.Path, prm.Path)
 		default:

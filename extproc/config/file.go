@@ -11,7 +11,7 @@
 // missing secret — every problem is reported together (errors.Join of
 // *Problem), each naming file:line:column and the YAML path. Warnings (for
 // example ttl.in_flight not longer than an operation's upstream time budget,
-// which DESIGN section 8 says check-config "warns" about) do not stop serving.
+// which docs/design.md §8 says check-config "warns" about) do not stop serving.
 //
 // Secrets (signing keys here; the Redis password and the PostgreSQL DSN in
 // the settings package, through Checker.Secret) are read from environment
@@ -23,12 +23,12 @@ import (
 )
 
 // File is this package's part of idemgate.yaml as written (the schema of
-// DESIGN section 6; README's Configuration section has every key, the
+// docs/design.md §6; docs/configuration.md has every key, the
 // process settings' too). Durations are Go duration strings; pointers mark
 // optional values whose zero is meaningful or invalid.
 type File struct {
 	Signing *Signing `yaml:"signing"`
-	// Attestation is in attestation.go (DESIGN section 11).
+	// Attestation is in attestation.go (docs/design.md §11).
 	Attestation *Attestation    `yaml:"attestation"`
 	Subject     *Subject        `yaml:"subject"`
 	Store       StoreCalls      `yaml:"store"`
@@ -127,9 +127,9 @@ type OperationSpec struct {
 	Outcomes                    map[string]string      `yaml:"outcomes"`
 	Messages                    map[string]MessageText `yaml:"messages"`
 	// MCP makes the operation an MCP tool pair instead of three HTTP routes
-	// (DESIGN section 9); see MCPSpec.
+	// (docs/design.md §9); see MCPSpec.
 	MCP *MCPSpec `yaml:"mcp"`
-	// Approval makes some confirms wait for people (DESIGN section 10);
+	// Approval makes some confirms wait for people (docs/design.md §10);
 	// see ApprovalSpec in approval.go.
 	Approval *ApprovalSpec `yaml:"approval"`
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // MCPSpec is operations[].mcp as written: the operation is a pair of tools
-// of an MCP server reached over Streamable HTTP (DESIGN section 9), plus a
+// of an MCP server reached over Streamable HTTP (docs/design.md §9), plus a
 // status tool idemgate answers itself.
 type MCPSpec struct {
 	// Endpoint is the MCP endpoint's path (POST), e.g. /mcp.
@@ -190,5 +190,5 @@ func writeMCPSummary(b *strings.Builder, op *Operation, downstream string) {
 }
 
 // MCPIdempotencyMetaKey is the params._meta key that carries the nonce to
-// an MCP upstream beside the Idempotency-Key header (DESIGN section 9).
+// an MCP upstream beside the Idempotency-Key header (docs/design.md §9).
 const MCPIdempotencyMetaKey = "io.idemgate/idempotency-key"

@@ -36,7 +36,7 @@ func (o Outcome) String() string {
 }
 
 // Outcomes maps upstream HTTP statuses to outcome classes: the defaults of
-// DESIGN section 3, overridden per operation by `outcomes`. The zero value
+// docs/design.md §3, overridden per operation by `outcomes`. The zero value
 // is the defaults.
 //
 // Defaults: 2xx done; 3xx and 4xx failed, except 408 (request timeout), 409

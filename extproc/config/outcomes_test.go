@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The defaults are DESIGN section 3's: 408/409/425/429 say nothing about
+// The defaults are docs/design.md §3's: 408/409/425/429 say nothing about
 // whether an earlier attempt ran, so they are ambiguous, not failures.
 func TestDefaultOutcomes(t *testing.T) {
 	var o Outcomes

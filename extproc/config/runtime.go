@@ -162,7 +162,7 @@ type Operation struct {
 	// are then unset).
 	MCP *MCPTools
 	// Approval is set when some confirms of the operation need people's
-	// approval (DESIGN section 10).
+	// approval (docs/design.md §10).
 	Approval *ApprovalSettings
 }
 

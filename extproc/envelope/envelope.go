@@ -1,6 +1,6 @@
 // Package envelope renders the JSON bodies idemgate writes itself: every
 // answer an agent reads when idemgate, not the upstream, decides what happens
-// (DESIGN section 5). The text is written for an LLM: what happened, what to
+// (docs/design.md §5). The text is written for an LLM: what happened, what to
 // do next, and whether to retry.
 //
 // Everything that does not change per request (status, meaning, instruction,
@@ -46,7 +46,7 @@ const (
 	MethodNotAllowed Message = "method_not_allowed"
 	HeaderNotAllowed Message = "header_not_allowed"
 	// ApprovalPending, ApprovalDenied and ApprovalExpired answer a confirm
-	// that needs people's approval (DESIGN section 10); ApprovalID names it.
+	// that needs people's approval (docs/design.md §10); ApprovalID names it.
 	ApprovalPending Message = "approval_pending"
 	ApprovalDenied  Message = "approval_denied"
 	ApprovalExpired Message = "approval_expired"

@@ -3,7 +3,7 @@ package envelope
 import "strings"
 
 // MCPText holds the texts idemgate writes into MCP traffic besides the
-// envelopes (DESIGN section 9). Like the envelopes they are prompts: the
+// envelopes (docs/design.md §9). Like the envelopes they are prompts: the
 // model reads tool descriptions and tool results and must be able to follow
 // them without knowing idemgate exists.
 type MCPText struct {

@@ -29,7 +29,7 @@ const (
 	ReasonStoreParamMismatch = "store_param_mismatch"
 	// ReasonAmbiguousKey: a body in which a bound field could be read two
 	// ways (keys equal ignoring case, U+0000 in a key), refused before the
-	// upstream (the binding rule, DESIGN section 2).
+	// upstream (the binding rule, docs/design.md §2).
 	ReasonAmbiguousKey = "ambiguous_key"
 	// ReasonPathNotExact, ReasonMethodNotAllowed, ReasonHeaderNotAllowed:
 	// a request named a guarded operation with another spelling of its

@@ -108,7 +108,7 @@ func Definitions(rt *config.Runtime) ([]Tool, error) {
 		if op.MCP != nil {
 			// An MCP operation's tools are the MCP server's own; idemgate
 			// adds the fingerprint argument and the status tool to its
-			// tools/list answer (DESIGN section 9).
+			// tools/list answer (docs/design.md §9).
 			continue
 		}
 		tools, err := operationTools(op, t)
@@ -134,7 +134,7 @@ func operationTools(op *config.Operation, t texts) ([]Tool, error) {
 	confirmWhenMsgs := []envelope.Message{envelope.InProgress, envelope.TemporarilyUnavailable}
 	statusWhenMsgs := []envelope.Message{envelope.StatusInProgress, envelope.StatusNeedsReconciliation}
 	if op.Approval != nil {
-		// DESIGN section 10: the model must know that approval_pending
+		// docs/design.md §10: the model must know that approval_pending
 		// means wait and poll, not preview again.
 		statusMsgs = append(statusMsgs, envelope.StatusApprovalPending, envelope.StatusApprovalGranted,
 			envelope.StatusApprovalDenied, envelope.StatusApprovalExpired)

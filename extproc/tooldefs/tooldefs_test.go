@@ -581,7 +581,7 @@ func TestNamesOutsideAProviderRuleAreRefused(t *testing.T) {
 	require.Error(t, Render(&bytes.Buffer{}, nil, Format("gemini")))
 }
 
-// TestApprovalIsExplainedToTheModel (DESIGN section 10): for an operation
+// TestApprovalIsExplainedToTheModel (docs/design.md §10): for an operation
 // with approval, the confirm tool quotes approval_pending's instruction
 // (wait, poll the status tool, do not preview again) and the status tool
 // lists the approval states and quotes approval_granted's.

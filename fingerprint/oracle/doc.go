@@ -6,7 +6,7 @@
 // The golden vectors are written by the Go implementation they check
 // (`go test ./fingerprint -update`), so on their own they only prove that the
 // implementation agrees with itself. The oracle was written from the contract
-// alone (DESIGN.md §2 and §8, the fingerprint package documentation and the
+// alone (docs/design.md §2 and §8, the fingerprint package documentation and the
 // comment at the top of vectors.json), never from the Go code: a vector it
 // cannot recompute is a disagreement between the code and the written rules.
 //

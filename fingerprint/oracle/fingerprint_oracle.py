@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """An independent oracle for idemgate's golden vectors (fingerprint/testdata/vectors.json).
 
-It recomputes every vector from the written contract only -- DESIGN.md §2 and §8, the
+It recomputes every vector from the written contract only -- docs/design.md §2 and §8, the
 package documentation of github.com/idemgate/idemgate/fingerprint and the comment at the
 top of vectors.json -- never from the Go code, so that a bug the Go implementation shares
 with its own `-update` output is caught here. Python standard library only.
@@ -317,7 +317,7 @@ def canonicalize(v, nfc, nfc_keys=None):
     """Canonical JSON text of a parsed value. nfc: NFC-normalise strings first;
     nfc_keys (default: nfc) also keys, as the pre-`normalize` rule of the package doc
     did. A param's `normalize: nfc` normalises its strings, not keys (the vectors'
-    comment); otherwise strings are kept byte for byte after unescaping (DESIGN §2)."""
+    comment); otherwise strings are kept byte for byte after unescaping (docs/design.md §2)."""
     if nfc_keys is None:
         nfc_keys = nfc
     if v is None:
@@ -348,7 +348,7 @@ def canonicalize(v, nfc, nfc_keys=None):
 
 
 # --------------------------------------------------------------------------------------
-# Selecting the params (DESIGN §2, package doc "Canonical parameters").
+# Selecting the params (docs/design.md §2, package doc "Canonical parameters").
 
 
 def simple_fold(s):
@@ -379,7 +379,7 @@ def _check_fold_collisions(obj, where):
 
 
 def _check_value_keys(v, where):
-    # SILENT: DESIGN §2 refuses keys "in any object on a bound path" equal under simple
+    # SILENT: docs/design.md §2 refuses keys "in any object on a bound path" equal under simple
     # case folding "to a bound segment or to each other". Read here as: in each object
     # the path walks through, a key folding to the segment looked up; inside the bound
     # value, any two keys of one object folding to each other.
@@ -455,12 +455,12 @@ def select(params, doc, path_vars, legacy_nfc):
 
 
 # --------------------------------------------------------------------------------------
-# Keys, tags and tokens (DESIGN §2 and §8, package doc "The token").
+# Keys, tags and tokens (docs/design.md §2 and §8, package doc "The token").
 
 
 def parse_key(encoded):
     s = encoded.strip()
-    # Standard or URL alphabet, padded or not (DESIGN §8).
+    # Standard or URL alphabet, padded or not (docs/design.md §8).
     s = s.rstrip("=").replace("-", "+").replace("_", "/")
     if not re.fullmatch(r"[A-Za-z0-9+/]*", s) or len(s) % 4 == 1:
         raise OracleError("invalid_key", "not base64")
@@ -742,7 +742,7 @@ def main(argv):
     rep = Report()
     _known(rep, "vectors", vectors, ("comment", "numbers", "canonical", "tokens"))
     if mode == "auto":
-        # DESIGN §2: strings are compared byte for byte unless a param declares
+        # docs/design.md §2: strings are compared byte for byte unless a param declares
         # `normalize: nfc`. Vectors written before that rule carry no "normalize" member
         # anywhere and follow the package doc of the time (every string and key NFC).
         flagged = any("normalize" in e for e in vectors.get("canonical", [])) or any(
@@ -753,7 +753,7 @@ def main(argv):
         print("note: strings and keys NFC-normalised everywhere (no \"normalize\" member in the "
               "vectors: the rule before per-param normalize)")
     else:
-        print("note: strings byte for byte unless marked normalize: nfc (DESIGN §2)")
+        print("note: strings byte for byte unless marked normalize: nfc (docs/design.md §2)")
 
     check_numbers(rep, vectors.get("numbers", []))
     check_canonical(rep, vectors.get("canonical", []), legacy_nfc)

@@ -13,7 +13,7 @@ import (
 	"github.com/idemgate/idemgate/state"
 )
 
-// Approvals (DESIGN section 10). Every change runs in one transaction that
+// Approvals (docs/design.md §10). Every change runs in one transaction that
 // first locks the approval row (SELECT … FOR UPDATE), so decisions and
 // consumption are serialised per approval; AcquireApproved inserts the
 // IN_FLIGHT record and marks the approval CONSUMED in that same

@@ -30,7 +30,7 @@ func (s *Store) DurabilityWarning(ctx context.Context) (string, error) {
 		return "", state.Unavailable("read postgres replication settings", err)
 	}
 	const consequence = "a failover can lose DONE records the agents were told about, and their retries would execute again; " +
-		"set synchronous_standby_names to a streaming standby (or use a managed HA mode that loses no commit) — see README, Operating"
+		"set synchronous_standby_names to a streaming standby (or use a managed HA mode that loses no commit) — see docs/scaling.md"
 	switch {
 	case strings.TrimSpace(names) == "":
 		return "PostgreSQL reports no synchronous standby (synchronous_standby_names is empty): " + consequence, nil

@@ -179,7 +179,7 @@ func TestFailoverToSynchronousStandbyLosesNothing(t *testing.T) {
 }
 
 // The same failover to an asynchronous standby: what it loses is reported,
-// not asserted safe (README: synchronous_standby_names is required). On
+// not asserted safe (docs/scaling.md: synchronous_standby_names is required). On
 // loopback the window is small and the count is often zero; across a
 // network it is not.
 func TestFailoverToAsynchronousStandbyReportsWhatWasLost(t *testing.T) {

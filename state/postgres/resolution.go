@@ -22,7 +22,7 @@ type Resolution struct {
 }
 
 // ResolveAs is Resolve by a named person with a reason: the settlement and
-// its record_resolution row are one transaction (DESIGN section 10's audit:
+// its record_resolution row are one transaction (docs/design.md §10's audit:
 // `ops resolve` requires --as and --reason).
 func (s *Store) ResolveAs(ctx context.Context, key string, c state.Completion, actor, reason string) (state.Answer, error) {
 	if err := state.ValidKey(key); err != nil {

@@ -67,7 +67,7 @@ func racedAcquires(t *testing.T, addr string, n int, acquire acquireFunc) int {
 	return acquired
 }
 
-// TestAcquireIsAtomicWhileWritesAreHeld holds DESIGN's "acquire is atomic: a
+// TestAcquireIsAtomicWhileWritesAreHeld holds docs/design.md's "acquire is atomic: a
 // Lua script (never SETNX plus separate commands)". The concurrency tests
 // elsewhere race goroutines on loopback, where the gap between a read and a
 // write is too short to hit; here Redis itself holds the writes.

@@ -26,8 +26,8 @@ type ApprovalOptions struct {
 	Short time.Duration
 }
 
-// RunApprovals is the conformance suite of state.Approvals (DESIGN section
-// 10): memory, postgres and tiered run it.
+// RunApprovals is the conformance suite of state.Approvals (docs/design.md
+// §10): memory, postgres and tiered run it.
 func RunApprovals(t *testing.T, newStore func(t *testing.T) ApprovalStore, opts ApprovalOptions) {
 	if opts.Now == nil {
 		opts.Now = time.Now

@@ -7,7 +7,7 @@ import (
 	"github.com/idemgate/idemgate/state"
 )
 
-// Approvals live in PostgreSQL only (DESIGN section 10): a gated confirm
+// Approvals live in PostgreSQL only (docs/design.md §10): a gated confirm
 // takes the PostgreSQL path, where the IN_FLIGHT record is inserted and
 // the approval consumed in one transaction. Redis learns of the record
 // the way it learns of any record it lost: the next Acquire's claim meets

@@ -1,5 +1,5 @@
 // Package tiered composes the Redis fast path with PostgreSQL, the truth, as
-// DESIGN section 3 describes. It answers exactly what the PostgreSQL store
+// docs/design.md §3 describes. It answers exactly what the PostgreSQL store
 // alone would answer, only faster in the common cases, and keeps answering
 // correctly when Redis is lost, flushed, failed over or hung.
 //

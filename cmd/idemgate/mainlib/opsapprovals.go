@@ -14,7 +14,7 @@ import (
 	"github.com/idemgate/idemgate/state/postgres"
 )
 
-// opsApprovals is the operators' path to approvals (DESIGN section 10):
+// opsApprovals is the operators' path to approvals (docs/design.md §10):
 // PostgreSQL access is the credential; --as and --reason are required and
 // recorded in approval_event like an approver's. The rules are the API's:
 // the requester may not approve under distinct_from_requester, a decided

@@ -263,8 +263,8 @@ func adminHandler(reg *prometheus.Registry, hs *health.Server, ready *readiness,
 	return mux
 }
 
-// serveApprovals starts the approvers' API on approval_listen (DESIGN
-// section 10), when it is set and the store keeps approvals.
+// serveApprovals starts the approvers' API on approval_listen (docs/design.md
+// §10), when it is set and the store keeps approvals.
 func serveApprovals(cfg *settings.Settings, rt *config.Runtime, ss *storeSet, reporter approvalapi.Reporter, metrics *extproc.Metrics, logger *slog.Logger, errs chan<- error) (*http.Server, error) {
 	if cfg.ApprovalListen == "" {
 		return nil, nil

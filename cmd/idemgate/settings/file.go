@@ -10,7 +10,7 @@
 // once (config.ParseDocument), whose strict shape check knows the keys of
 // both, so an unknown key anywhere is reported with its line; problems and
 // warnings of both parts are listed section by section, in the order of the
-// file's reference (README's Configuration section), as one list.
+// file's reference (docs/configuration.md), as one list.
 package settings
 
 // File is the process settings' part of idemgate.yaml as written. The top
@@ -19,7 +19,7 @@ package settings
 type File struct {
 	GRPCListen  string `yaml:"grpc_listen"`
 	AdminListen string `yaml:"admin_listen"`
-	// ApprovalListen serves the approvers' API (DESIGN section 10).
+	// ApprovalListen serves the approvers' API (docs/design.md §10).
 	ApprovalListen string  `yaml:"approval_listen"`
 	Log            Log     `yaml:"log"`
 	Store          Store   `yaml:"store"`

@@ -17,7 +17,7 @@ import (
 	"github.com/idemgate/idemgate/extproc/config"
 )
 
-// Defaults (DESIGN section 6; README's Configuration section).
+// Defaults (docs/design.md §6; docs/configuration.md).
 const (
 	DefaultGRPCListen     = ":50051"
 	DefaultAdminListen    = ":9090"

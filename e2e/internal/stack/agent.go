@@ -49,7 +49,7 @@ type Response struct {
 	UserAgent string
 }
 
-// Envelope is the JSON idemgate writes for an agent (DESIGN section 5).
+// Envelope is the JSON idemgate writes for an agent (docs/design.md §5).
 type Envelope struct {
 	Status        string          `json:"status"`
 	Meaning       string          `json:"meaning"`

@@ -96,7 +96,7 @@ func (c idemgateConfig) render() ([]byte, error) {
 			return nil, fmt.Errorf("operations[%d] of the shipped idemgate.yaml is not a mapping", i)
 		}
 		if c.ignoreKeys {
-			// DESIGN section 8: an explicit empty string means the downstream
+			// docs/design.md §8: an explicit empty string means the downstream
 			// ignores keys (the payments service ignores them on every face).
 			op["downstream_idempotency_header"] = ""
 		}
@@ -279,7 +279,49 @@ func (g *Idemgate) Kill() {
 
 // Pause stops the process (SIGSTOP): its sockets stay open and nothing
 // answers, as a hung or overloaded server looks to Envoy. Resume continues it.
-func (g *Idemgate) Pause() error { return g.signal(syscall.SIGSTOP, "SIGSTOP") }
+//
+// It returns once every thread of the process is stopped: kill(2) only
+// queues the signal, and on a loaded machine a thread already running may
+// still read a stream and answer it, so a test that sends a request right
+// after Pause would race the stop.
+func (g *Idemgate) Pause() error {
+	if err := g.signal(syscall.SIGSTOP, "SIGSTOP"); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	pid := g.cmd.Process.Pid
+	g.mu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for !allThreadsStopped(pid) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("idemgate (pid %d) did not stop within 5s of SIGSTOP", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil
+}
+
+// allThreadsStopped reports whether every thread of pid is in state T
+// (stopped by a signal), read from /proc.
+func allThreadsStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			return false
+		}
+		// The state follows the command name, which is in parentheses
+		// and may itself contain spaces or parentheses.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 || i+2 >= len(stat) || stat[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
+}
 
 // Resume continues a paused process (SIGCONT).
 func (g *Idemgate) Resume() error { return g.signal(syscall.SIGCONT, "SIGCONT") }

@@ -59,7 +59,7 @@ func NewIdemgate(spec IdemgateSpec) *Idemgate {
 
 // StartProcess runs the server and waits for its `ready` line only, not for
 // /readyz: a replica restarted while a store is down must still take
-// streams (DESIGN section 7).
+// streams (docs/design.md §7).
 func (g *Idemgate) StartProcess() error { return g.startProcess() }
 
 // BootstrapOptions are RenderBootstrap's changes beyond the addresses.

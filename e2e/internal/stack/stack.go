@@ -70,7 +70,7 @@ type Options struct {
 	// example tracing); see applyIdemgateConfig.
 	IdemgateConfig map[string]any
 	// Approval is set as the approval block of the transfer operations
-	// (HTTP and MCP; DESIGN section 10) when not nil.
+	// (HTTP and MCP; docs/design.md §10) when not nil.
 	Approval map[string]any
 	// WrapUpstream and EditBootstrap: see attest.go.
 	WrapUpstream  func(http.Handler) http.Handler
