@@ -31,6 +31,10 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemgate/idemgate/extproc/approver"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/security"
@@ -67,6 +71,13 @@ type Options struct {
 	// them in idemgate_approval_transitions_total, which the confirm
 	// stream feeds with requested and consumed.
 	Transition func(operation, transition string)
+	// Tracer, if set, records each recorded decision as a span
+	// (idemgate.approval.decide, continuing the request's traceparent)
+	// with the event approval.approved or approval.denied when the decision
+	// moved the approval, approval.decision when it awaits more approvers.
+	// Like the confirm stream's spans it carries ids and states, never the
+	// approver, the requester or a parameter value.
+	Tracer trace.Tracer
 }
 
 // Handler serves the API.
@@ -300,6 +311,7 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, id string, appr
 	switch out {
 	case state.DecisionRecorded, state.DecisionRepeated:
 		h.transitioned(out, &after)
+		h.traceDecision(r, out, approve, &after)
 		h.opts.Logger.Info("approval decision", "approval_id", id, "approver", subject, "approve", approve, "state", after.State, "outcome", out)
 		writeJSON(w, http.StatusOK, ViewOf(&after))
 	case state.DecisionSelfApproval:
@@ -335,6 +347,35 @@ func (h *Handler) transitioned(out state.DecisionOutcome, after *state.Approval)
 		h.opts.Transition(after.Operation, "denied")
 	}
 }
+
+// traceDecision records a decision that changed what is stored (a new
+// approve or deny) as a span with one approval event.
+func (h *Handler) traceDecision(r *http.Request, out state.DecisionOutcome, approve bool, after *state.Approval) {
+	if h.opts.Tracer == nil || out != state.DecisionRecorded {
+		return
+	}
+	event := "approval.decision"
+	switch after.State {
+	case state.ApprovalApproved:
+		event = "approval.approved"
+	case state.ApprovalDenied:
+		event = "approval.denied"
+	}
+	ctx := traceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	_, span := h.opts.Tracer.Start(ctx, "idemgate.approval.decide", trace.WithSpanKind(trace.SpanKindServer))
+	attrs := trace.WithAttributes(
+		attribute.String("idemgate.approval_id", after.ID),
+		attribute.String("idemgate.operation", after.Operation),
+		attribute.String("idemgate.nonce", after.Key),
+		attribute.Bool("idemgate.approval.approve", approve),
+		attribute.String("idemgate.approval.state", strings.ToLower(string(after.State))),
+	)
+	span.AddEvent(event, attrs)
+	span.End()
+}
+
+// traceContext reads a W3C traceparent, as the confirm stream does.
+var traceContext = propagation.TraceContext{}
 
 func (h *Handler) storeFailed(w http.ResponseWriter, op string, err error) {
 	h.opts.Logger.Warn("approval store call failed", "store_op", op, "error", err)

@@ -81,6 +81,11 @@ func newFixture(t *testing.T, store statetest.ApprovalStore) *fixture {
 
 // newFixtureWith is newFixture with the handler's Transition hook.
 func newFixtureWith(t *testing.T, store statetest.ApprovalStore, transition func(operation, transition string)) *fixture {
+	return newFixtureOpts(t, store, func(o *Options) { o.Transition = transition })
+}
+
+// newFixtureOpts is newFixture with the handler's options edited.
+func newFixtureOpts(t *testing.T, store statetest.ApprovalStore, edit func(*Options)) *fixture {
 	pub, key, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
 	_, other, err := ed25519.GenerateKey(rand.Reader)
@@ -97,7 +102,11 @@ func newFixtureWith(t *testing.T, store statetest.ApprovalStore, transition func
 	})
 	require.NoError(t, err)
 	ev := &events{}
-	h, err := New(Options{Config: rt, Approvals: store, Security: ev, Transition: transition})
+	opts := Options{Config: rt, Approvals: store, Security: ev}
+	if edit != nil {
+		edit(&opts)
+	}
+	h, err := New(opts)
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)

@@ -133,6 +133,7 @@ func (h *Handler) pageDecide(w http.ResponseWriter, r *http.Request, id, subject
 	switch out {
 	case state.DecisionRecorded, state.DecisionRepeated:
 		h.transitioned(out, &after)
+		h.traceDecision(r, out, approve, &after)
 		h.opts.Logger.Info("approval decision", "approval_id", id, "approver", subject, "approve", approve, "state", after.State, "outcome", out, "via", "page")
 		http.Redirect(w, r, "/approvals/"+url.PathEscape(id), http.StatusSeeOther)
 	case state.DecisionSelfApproval:

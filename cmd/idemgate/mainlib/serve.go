@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -125,7 +126,12 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 	}
 	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBackground()
-	ss, err := openStore(bg, cfg.Store, metrics, logger)
+	tracer, stopTracing, err := startTracing(bg, cfg.Tracing)
+	if err != nil {
+		return err
+	}
+	defer flushTraces(stopTracing, logger)
+	ss, err := openStore(bg, cfg.Store, approvalLapsed(metrics, tracer), metrics, logger)
 	if err != nil {
 		return err
 	}
@@ -135,11 +141,6 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 		URL: rt.Webhook.URL, Timeout: rt.Webhook.Timeout, QueueSize: rt.Webhook.QueueSize,
 	})
 	defer reporter.Close()
-	tracer, stopTracing, err := startTracing(bg, cfg.Tracing)
-	if err != nil {
-		return err
-	}
-	defer flushTraces(stopTracing, logger)
 	store := ss.store
 	if tracer != nil {
 		store = state.Trace(store, ss.backend, tracer)
@@ -175,7 +176,7 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 			errs <- fmt.Errorf("admin server stopped: %w", err)
 		}
 	}()
-	approvalSrv, err := serveApprovals(cfg, rt, ss, reporter, metrics, logger, errs)
+	approvalSrv, err := serveApprovals(cfg, rt, ss, reporter, metrics, tracer, logger, errs)
 	if err != nil {
 		return err
 	}
@@ -265,7 +266,7 @@ func adminHandler(reg *prometheus.Registry, hs *health.Server, ready *readiness,
 
 // serveApprovals starts the approvers' API on approval_listen (docs/design.md
 // §10), when it is set and the store keeps approvals.
-func serveApprovals(cfg *settings.Settings, rt *config.Runtime, ss *storeSet, reporter approvalapi.Reporter, metrics *extproc.Metrics, logger *slog.Logger, errs chan<- error) (*http.Server, error) {
+func serveApprovals(cfg *settings.Settings, rt *config.Runtime, ss *storeSet, reporter approvalapi.Reporter, metrics *extproc.Metrics, tracer trace.Tracer, logger *slog.Logger, errs chan<- error) (*http.Server, error) {
 	if cfg.ApprovalListen == "" {
 		return nil, nil
 	}
@@ -273,7 +274,7 @@ func serveApprovals(cfg *settings.Settings, rt *config.Runtime, ss *storeSet, re
 		logger.Warn("approval_listen is set but the store keeps no approvals (Redis alone): the approvers' API is not served")
 		return nil, nil
 	}
-	h, err := approvalapi.New(approvalapi.Options{Config: rt, Approvals: ss.approvals, Security: reporter, Logger: logger, Transition: metrics.ApprovalTransition})
+	h, err := approvalapi.New(approvalapi.Options{Config: rt, Approvals: ss.approvals, Security: reporter, Logger: logger, Transition: metrics.ApprovalTransition, Tracer: tracer})
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc"
 	"github.com/idemgate/idemgate/state"
@@ -36,7 +39,7 @@ type storeSet struct {
 // openStore builds the configured store without waiting for any service: a
 // store that is down at start must not stop serve (it starts not ready and
 // answers confirms with temporarily_unavailable until the store answers).
-func openStore(ctx context.Context, s settings.StoreSettings, metrics *extproc.Metrics, logger *slog.Logger) (*storeSet, error) {
+func openStore(ctx context.Context, s settings.StoreSettings, lapsed func(operation string), metrics *extproc.Metrics, logger *slog.Logger) (*storeSet, error) {
 	ss := &storeSet{backend: s.Backend()}
 	obs := metrics.StoreObserver()
 	var pgStore state.Store
@@ -52,7 +55,7 @@ func openStore(ctx context.Context, s settings.StoreSettings, metrics *extproc.M
 		}
 		// Lapses happen when an approval is next read, by whichever call
 		// (a confirm, the approvers' API): the store reports them once.
-		pg.OnApprovalLapse(func(op string) { metrics.ApprovalTransition(op, "expired") })
+		pg.OnApprovalLapse(lapsed)
 		ss.pg = pg
 		pgStore = state.Instrument(pg, "postgres", obs)
 	}
@@ -79,7 +82,7 @@ func openStore(ctx context.Context, s settings.StoreSettings, metrics *extproc.M
 	switch ss.backend {
 	case "memory":
 		mem := memory.New(memory.Options{})
-		mem.OnApprovalLapse(func(op string) { metrics.ApprovalTransition(op, "expired") })
+		mem.OnApprovalLapse(lapsed)
 		ss.store, ss.approvals = state.Instrument(mem, "memory", obs), mem
 	case "postgres":
 		ss.store = pgStore
@@ -373,4 +376,21 @@ func (s *refusingStore) Takeover(ctx context.Context, req state.TakeoverRequest)
 		return state.Answer{}, err
 	}
 	return s.Store.Takeover(ctx, req)
+}
+
+// approvalLapsed is told of each approval the store marks EXPIRED, once,
+// after the marking committed: the lapse happens when the approval is next
+// read, by whichever call, outside any confirm stream. It counts the
+// transition and, with tracing on, records it as a span of its own with
+// the event approval.expired.
+func approvalLapsed(metrics *extproc.Metrics, tracer trace.Tracer) func(operation string) {
+	return func(operation string) {
+		metrics.ApprovalTransition(operation, "expired")
+		if tracer == nil {
+			return
+		}
+		_, span := tracer.Start(context.Background(), "idemgate.approval.lapse")
+		span.AddEvent("approval.expired", trace.WithAttributes(attribute.String("idemgate.operation", operation)))
+		span.End()
+	}
 }

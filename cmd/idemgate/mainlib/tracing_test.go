@@ -6,9 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemgate/idemgate/cmd/idemgate/settings"
+	"github.com/idemgate/idemgate/extproc"
 )
 
 func TestStartTracingOffHasNoTracer(t *testing.T) {
@@ -39,4 +43,35 @@ func TestStartTracingWithoutACollector(t *testing.T) {
 	start := time.Now()
 	_ = shutdown(ctx) // the export fails; what matters is that it returns
 	require.Less(t, time.Since(start), 3*time.Second)
+}
+
+// TestApprovalLapseIsCountedAndTraced: a lapse the store reports counts as
+// transition expired and, with tracing on, is a span of its own with the
+// event approval.expired; without a tracer it is only counted.
+func TestApprovalLapseIsCountedAndTraced(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
+	reg := prometheus.NewRegistry()
+	metrics := extproc.NewMetrics(reg)
+
+	approvalLapsed(metrics, tp.Tracer("test"))("transfer")
+	approvalLapsed(metrics, nil)("transfer")
+
+	spans := exp.GetSpans()
+	require.Len(t, spans, 1)
+	require.Equal(t, "idemgate.approval.lapse", spans[0].Name)
+	require.Len(t, spans[0].Events, 1)
+	require.Equal(t, "approval.expired", spans[0].Events[0].Name)
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	var expired float64
+	for _, mf := range mfs {
+		if mf.GetName() == "idemgate_approval_transitions_total" {
+			for _, m := range mf.GetMetric() {
+				expired += m.GetCounter().GetValue()
+			}
+		}
+	}
+	require.Equal(t, 2.0, expired, "both lapses counted")
 }
