@@ -15,10 +15,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/idemgate/idemgate/attest/verify"
+	"github.com/idemgate/idemgate/internal/jsonx"
 )
 
 // SeedBytes is the length of an Ed25519 private key seed: what a key file
@@ -120,10 +123,7 @@ func (s *Signer) JWKS() []byte { return slices.Clone(s.jwks) }
 
 // Sign returns the compact JWS of c, signed by the active key.
 func (s *Signer) Sign(c *verify.Claims) (string, error) {
-	payload, err := json.Marshal(c)
-	if err != nil {
-		return "", err
-	}
+	payload := appendClaims(make([]byte, 0, 512), c)
 	enc := base64.RawURLEncoding
 	buf := make([]byte, 0, len(s.header)+1+enc.EncodedLen(len(payload))+1+enc.EncodedLen(ed25519.SignatureSize))
 	buf = append(buf, s.header...)
@@ -147,3 +147,75 @@ func (s *Signer) String() string {
 
 // GoString shows key ids only.
 func (s *Signer) GoString() string { return s.String() }
+
+// appendClaims writes c as the JSON object encoding/json would write for
+// verify.Claims' tags (the same members in the same order, omitempty
+// honoured, pv's keys sorted), with the project's one string writer: Sign
+// runs on every attested confirm, where the request path writes JSON with
+// internal/jsonx only.
+func appendClaims(buf []byte, c *verify.Claims) []byte {
+	str := func(name, v string) {
+		buf = append(buf, ',', '"')
+		buf = append(buf, name...)
+		buf = append(buf, '"', ':')
+		buf = jsonx.AppendString(buf, v)
+	}
+	num := func(name string, v int64) {
+		buf = append(buf, ',', '"')
+		buf = append(buf, name...)
+		buf = append(buf, '"', ':')
+		buf = strconv.AppendInt(buf, v, 10)
+	}
+	buf = append(buf, `{"v":`...)
+	buf = strconv.AppendInt(buf, int64(c.Version), 10)
+	str("iss", c.Issuer)
+	str("idk", c.Key)
+	str("scope", c.Scope)
+	str("ph", c.ParamHash)
+	buf = append(buf, `,"params":`...)
+	if c.Params == nil {
+		buf = append(buf, "null"...)
+	} else {
+		buf = append(buf, '[')
+		for i, p := range c.Params {
+			if i > 0 {
+				buf = append(buf, ',')
+			}
+			buf = append(buf, `{"path":`...)
+			buf = jsonx.AppendString(buf, p.Path)
+			if p.Type != "" {
+				buf = append(buf, `,"type":`...)
+				buf = jsonx.AppendString(buf, p.Type)
+			}
+			if p.Normalize != "" {
+				buf = append(buf, `,"normalize":`...)
+				buf = jsonx.AppendString(buf, p.Normalize)
+			}
+			buf = append(buf, '}')
+		}
+		buf = append(buf, ']')
+	}
+	if len(c.PathVars) > 0 {
+		buf = append(buf, `,"pv":{`...)
+		for i, k := range slices.Sorted(maps.Keys(c.PathVars)) {
+			if i > 0 {
+				buf = append(buf, ',')
+			}
+			buf = jsonx.AppendString(buf, k)
+			buf = append(buf, ':')
+			buf = jsonx.AppendString(buf, c.PathVars[k])
+		}
+		buf = append(buf, '}')
+	}
+	if c.MCPTool != "" {
+		str("mcp_tool", c.MCPTool)
+	}
+	str("htm", c.Method)
+	str("htu", c.Path)
+	str("sub", c.Subject)
+	str("own", c.Owner)
+	num("fen", c.Fence)
+	num("iat", c.IssuedAt)
+	num("exp", c.Expiry)
+	return append(buf, '}')
+}

@@ -22,7 +22,7 @@ import (
 // its reason.
 var encodingJSONAllowed = map[string]string{
 	"internal/jsonx/tree.go":               "the Number type only, so a tree equals encoding/json's UseNumber tree; nothing is decoded with it",
-	"attest/attest.go":                     "the attestation's JWS header, key set and claims: idemgate's own structs, encoded",
+	"attest/attest.go":                     "the JWS header and the key set, encoded once at start (the claims are written with this package)",
 	"attest/verify/claims.go":              "a downstream's verifier decoding an attestation",
 	"attest/verify/jws.go":                 "a downstream's verifier decoding a key set and JWS header",
 	"extproc/approvalapi/api.go":           "the approvers' API on approval_listen, not the gateway's request path",
