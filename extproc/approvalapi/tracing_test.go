@@ -47,7 +47,7 @@ func TestDecisionsAreSpanEvents(t *testing.T) {
 			require.Len(t, s.Events, 1)
 			attrs := map[string]string{}
 			for _, kv := range s.Events[0].Attributes {
-				attrs[string(kv.Key)] = kv.Value.Emit()
+				attrs[string(kv.Key)] = kv.Value.String()
 			}
 			require.Equal(t, id, attrs["idemgate.approval_id"])
 			require.Equal(t, "transfer", attrs["idemgate.operation"])

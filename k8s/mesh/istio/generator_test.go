@@ -45,9 +45,9 @@ import (
 
 // podIP is the payments-api pod's address in the simulation.
 const (
-	filterName  = "idemgate"
-	routerName  = "envoy.filters.http.router"
-	podIP       = "10.0.0.7"
+	filterName = "idemgate"
+	routerName = "envoy.filters.http.router"
+	podIP      = "10.0.0.7"
 )
 
 type object = map[string]any
