@@ -300,77 +300,86 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, id string, appr
 		writeError(w, http.StatusNotFound, "not_found", "no such approval")
 		return
 	}
-	ctx, cancel := h.ctx(r)
-	defer cancel()
-	out, after, err := h.opts.Approvals.DecideApproval(ctx, state.Decision{ID: id, Approver: subject, Approve: approve, Reason: body.Reason})
+	out, after, err := h.makeDecision(r, state.Decision{ID: id, Approver: subject, Approve: approve, Reason: body.Reason}, "api")
 	if err != nil {
 		h.storeFailed(w, "decide approval", err)
 		return
 	}
+	switch out {
+	case state.DecisionRecorded, state.DecisionRepeated:
+		writeJSON(w, http.StatusOK, ViewOf(&after))
+	case state.DecisionSelfApproval:
+		writeError(w, http.StatusForbidden, "approval_forbidden", "the requester may not approve their own operation (distinct_from_requester); they may deny it")
+	case state.DecisionNotPending:
+		writeJSON(w, http.StatusConflict, map[string]any{"error": "not_pending", "message": "the approval is " + strings.ToLower(string(after.State)) + ", not pending", "approval": ViewOf(&after)})
+	case state.DecisionNotFound:
+		h.report(r, security.Event{Reason: ReasonUnknownApproval, Operation: after.Operation, Nonce: after.Key, SubjectTag: after.SubjectTag})
+		writeError(w, http.StatusNotFound, "not_found", "no such approval")
+	}
+}
+
+// makeDecision makes a decision and does what every surface does with it: a
+// recorded one is logged, counted (approved, denied) and traced; a
+// self-approval and a decision on a lapsed approval are security events.
+// The caller writes the answer (and reports an unknown id its own way).
+func (h *Handler) makeDecision(r *http.Request, d state.Decision, via string) (state.DecisionOutcome, state.Approval, error) {
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	out, after, err := h.opts.Approvals.DecideApproval(ctx, d)
+	if err != nil {
+		return out, after, err
+	}
 	ev := security.Event{Operation: after.Operation, Nonce: after.Key, SubjectTag: after.SubjectTag}
 	switch out {
 	case state.DecisionRecorded, state.DecisionRepeated:
-		h.transitioned(out, &after)
-		h.traceDecision(r, out, approve, &after)
-		h.opts.Logger.Info("approval decision", "approval_id", id, "approver", subject, "approve", approve, "state", after.State, "outcome", out)
-		writeJSON(w, http.StatusOK, ViewOf(&after))
+		if out == state.DecisionRecorded {
+			h.recorded(r, d.Approve, &after)
+		}
+		h.opts.Logger.Info("approval decision", "approval_id", d.ID, "approver", d.Approver, "approve", d.Approve, "state", after.State, "outcome", out, "via", via)
 	case state.DecisionSelfApproval:
 		ev.Reason = ReasonSelfApproval
 		h.report(r, ev)
-		writeError(w, http.StatusForbidden, "approval_forbidden", "the requester may not approve their own operation (distinct_from_requester); they may deny it")
 	case state.DecisionNotPending:
 		if after.State == state.ApprovalExpired {
 			ev.Reason = ReasonLapsedApproval
 			h.report(r, ev)
 		}
-		writeJSON(w, http.StatusConflict, map[string]any{"error": "not_pending", "message": "the approval is " + strings.ToLower(string(after.State)) + ", not pending", "approval": ViewOf(&after)})
-	case state.DecisionNotFound:
-		ev.Reason = ReasonUnknownApproval
-		h.report(r, ev)
-		writeError(w, http.StatusNotFound, "not_found", "no such approval")
 	}
+	return out, after, nil
 }
 
-// transitioned reports the state change of a recorded decision: a decision
-// is recorded only on a PENDING approval, so an approval that is now
-// APPROVED or DENIED moved there by this decision (an approve that leaves
-// it PENDING, waiting for more approvers, and a repeated approve move
-// nothing).
-func (h *Handler) transitioned(out state.DecisionOutcome, after *state.Approval) {
-	if h.opts.Transition == nil || out != state.DecisionRecorded {
-		return
-	}
+// recorded counts and traces a decision that changed what is stored. A
+// decision is recorded only on a PENDING approval, so an approval that is
+// now APPROVED or DENIED moved there by this decision; an approve that
+// leaves it PENDING, waiting for more approvers, moves nothing: it is
+// traced as approval.decision and not counted.
+func (h *Handler) recorded(r *http.Request, approve bool, after *state.Approval) {
+	transition := ""
 	switch after.State {
 	case state.ApprovalApproved:
-		h.opts.Transition(after.Operation, "approved")
+		transition = "approved"
 	case state.ApprovalDenied:
-		h.opts.Transition(after.Operation, "denied")
+		transition = "denied"
 	}
-}
-
-// traceDecision records a decision that changed what is stored (a new
-// approve or deny) as a span with one approval event.
-func (h *Handler) traceDecision(r *http.Request, out state.DecisionOutcome, approve bool, after *state.Approval) {
-	if h.opts.Tracer == nil || out != state.DecisionRecorded {
+	if h.opts.Transition != nil && transition != "" {
+		h.opts.Transition(after.Operation, transition)
+	}
+	if h.opts.Tracer == nil {
 		return
 	}
 	event := "approval.decision"
-	switch after.State {
-	case state.ApprovalApproved:
-		event = "approval.approved"
-	case state.ApprovalDenied:
-		event = "approval.denied"
+	if transition != "" {
+		event = "approval." + transition
 	}
 	ctx := traceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 	_, span := h.opts.Tracer.Start(ctx, "idemgate.approval.decide", trace.WithSpanKind(trace.SpanKindServer))
-	attrs := trace.WithAttributes(
+	span.AddEvent(event, trace.WithAttributes(
 		attribute.String("idemgate.approval_id", after.ID),
 		attribute.String("idemgate.operation", after.Operation),
 		attribute.String("idemgate.nonce", after.Key),
 		attribute.Bool("idemgate.approval.approve", approve),
 		attribute.String("idemgate.approval.state", strings.ToLower(string(after.State))),
-	)
-	span.AddEvent(event, attrs)
+	))
 	span.End()
 }
 

@@ -122,29 +122,17 @@ func (h *Handler) pageDecide(w http.ResponseWriter, r *http.Request, id, subject
 		h.renderPage(w, http.StatusBadRequest, &a, subject, want, "A decision needs a reason.")
 		return
 	}
-	ctx, cancel := h.ctx(r)
-	defer cancel()
-	out, after, err := h.opts.Approvals.DecideApproval(ctx, state.Decision{ID: id, Approver: subject, Approve: approve, Reason: reason})
+	out, after, err := h.makeDecision(r, state.Decision{ID: id, Approver: subject, Approve: approve, Reason: reason}, "page")
 	if err != nil {
 		h.storeFailed(w, "decide approval", err)
 		return
 	}
-	ev := security.Event{Operation: after.Operation, Nonce: after.Key, SubjectTag: after.SubjectTag}
 	switch out {
 	case state.DecisionRecorded, state.DecisionRepeated:
-		h.transitioned(out, &after)
-		h.traceDecision(r, out, approve, &after)
-		h.opts.Logger.Info("approval decision", "approval_id", id, "approver", subject, "approve", approve, "state", after.State, "outcome", out, "via", "page")
 		http.Redirect(w, r, "/approvals/"+url.PathEscape(id), http.StatusSeeOther)
 	case state.DecisionSelfApproval:
-		ev.Reason = ReasonSelfApproval
-		h.report(r, ev)
 		h.renderPage(w, http.StatusForbidden, &after, subject, want, "You requested this operation: someone else must approve it. You may deny it.")
 	case state.DecisionNotPending:
-		if after.State == state.ApprovalExpired {
-			ev.Reason = ReasonLapsedApproval
-			h.report(r, ev)
-		}
 		h.renderPage(w, http.StatusConflict, &after, subject, want, "This approval is "+strings.ToLower(string(after.State))+": nothing was decided.")
 	case state.DecisionNotFound:
 		writeError(w, http.StatusNotFound, "not_found", "no such approval")
