@@ -421,7 +421,7 @@ func (s *confirmHTTPSource) Next(int) *httpRequest {
 
 // measure runs the rounds: for each concurrency, every column once per
 // round, the order rotated each round, so drift on a shared machine hits
-// every column alike.
+// every column alike. Then the attach pair's own rounds (attachPairRounds).
 func (e *envoyBench) measure(ctx context.Context) error {
 	o := e.b.opts
 	for _, c := range o.concurrencies {
@@ -433,6 +433,19 @@ func (e *envoyBench) measure(ctx context.Context) error {
 				}
 			}
 		}
+		if c != targetConcurrency(o.concurrencies) {
+			continue
+		}
+		for i, pair := range attachPairRounds(o.envoyAttachRounds) {
+			round := o.envoyRounds + i
+			for _, column := range pair {
+				if err := e.measureCell(ctx, column, c, round); err != nil {
+					return fmt.Errorf("%s at concurrency %d, attach round %d: %w", column, c, i+1, err)
+				}
+			}
+		}
+	}
+	for _, c := range o.concurrencies {
 		for _, column := range envoyColumns {
 			r := e.results[column][c]
 			e.b.log.Info("measured through Envoy", "column", column, "c", c, "req_per_s", math.Round(float64(r.requests-r.unexpected)/r.elapsed.Seconds()),
@@ -440,6 +453,34 @@ func (e *envoyBench) measure(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// attachPairRounds is the order of the extra rounds that measure only the
+// attach pair (Envoy alone and the Envoy that carries idemgate, both on a
+// path no operation guards) back to back, which of the two goes first
+// alternating. The difference its target allows (5 %) is smaller than one
+// rotated round's spread on a shared 2-core machine, and in the rotated
+// rounds the two cells can be a whole round apart (the round that starts
+// with the attached column ends with Envoy alone); these rounds compare
+// cells taken seconds apart, enough of them to resolve that difference.
+func attachPairRounds(n int) [][2]string {
+	rounds := make([][2]string, n)
+	for i := range rounds {
+		rounds[i] = [2]string{evPlainOther, evAttachedOther}
+		if i%2 == 1 {
+			rounds[i] = [2]string{evAttachedOther, evPlainOther}
+		}
+	}
+	return rounds
+}
+
+// targetConcurrency is the concurrency the ratio targets are set at: 64,
+// or the highest one measured.
+func targetConcurrency(concurrencies []int) int {
+	if slices.Contains(concurrencies, 64) {
+		return 64
+	}
+	return slices.Max(concurrencies)
 }
 
 func (e *envoyBench) measureCell(ctx context.Context, column string, c, round int) error {
@@ -611,10 +652,7 @@ func (e *envoyBench) finish() {
 			t.Cells = append(t.Cells, report.Cell{Scenario: column, Concurrency: c, Figures: f})
 		}
 	}
-	at := 64
-	if !slices.Contains(o.concurrencies, at) {
-		at = slices.Max(o.concurrencies)
-	}
+	at := targetConcurrency(o.concurrencies)
 	t.CPURoles, t.CPUConcurrency, t.CPUBase = cpuRoles, at, evNoop
 	for _, column := range envoyColumns {
 		u := e.cpu[column][at]
@@ -680,9 +718,10 @@ func (e *envoyBench) finish() {
 	t.Intro = fmt.Sprintf("HTTP requests from a Go client to a real Envoy %s (`.envoy-version`) configured from the shipped `envoy/envoy.yaml` "+
 		"with only addresses substituted (for column (a) the ext_proc filter removed): header_mutation, jwt_authn verifying an ES256 JWT "+
 		"from `e2e/demoauth` on every request, ext_proc with its shipped processing modes, the router. Every column in the same run; "+
-		"%d rounds per concurrency, the column order rotated each round, figures over all rounds together.", e.version, o.envoyRounds)
+		"%d rounds per concurrency, the column order rotated each round, figures over all rounds together; at c=%d the two other-path columns also get %d back-to-back rounds of their own.", e.version, o.envoyRounds, at, o.envoyAttachRounds)
 	t.Settings = []string{
 		fmt.Sprintf("%d rounds × %s measured per cell after %s warm-up; per concurrency every column once per round, the order rotated by one each round.", o.envoyRounds, o.envoyDuration, o.envoyWarmup),
+		fmt.Sprintf("The attach ratio (envoy+idemgate other-path / envoy other-path) targets a difference smaller than one round's spread, and in the rotated rounds its two cells can be a whole round apart. So at c=%d the two columns get %d more rounds of their own after the rotated ones: the two cells back to back, which goes first alternating. Their figures, CPU split and round ratios at c=%d include these rounds (%d in all).", at, o.envoyAttachRounds, at, o.envoyRounds+o.envoyAttachRounds),
 		"Load client: c workers, each with its own keep-alive HTTP/1.1 connection to Envoy (one http.Transport limited to one connection per worker), each sending its next request when the previous answer has been read; new connections per cell, opened in the warm-up. A Go client rather than wrk because every first-time confirm needs its own body (a distinct fingerprint) and every answer is classified by its status and idemgate's headers; its cost per request is the same in every column.",
 		"Upstream: a minimal fast HTTP server (this tool with -serve upstream) answering the payments API's quote and transfer JSON as fixed bytes, rather than the demo payments API, so every column pays the same small upstream cost and the differences are Envoy's, ext_proc's and idemgate's; it counts what reaches it for the checks above.",
 		"Envoy: --concurrency 2 (the machine's cores), --disable-hot-restart, access log (the shipped stdout logger) to a file; one Envoy per ext_proc target, all started before the first cell.",

@@ -79,13 +79,15 @@ type options struct {
 	pgAdminDSN  string
 
 	// The through-Envoy table.
-	envoyTable       bool
-	envoyBin         string
-	envoyRounds      int
-	envoyDuration    time.Duration
-	envoyWarmup      time.Duration
-	envoyRedis       string
-	envoyConfirmRate int
+	envoyTable  bool
+	envoyBin    string
+	envoyRounds int
+	// envoyAttachRounds are the attach pair's own rounds (attachPairRounds).
+	envoyAttachRounds int
+	envoyDuration     time.Duration
+	envoyWarmup       time.Duration
+	envoyRedis        string
+	envoyConfirmRate  int
 	// envoyLenientStores (tests only) gives idemgate and the I/O floor
 	// longer store timeouts than shipped, for a behaviour check that must
 	// not fail when a busy machine delays Redis past 50 ms.
@@ -167,6 +169,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.envoyTable, "envoy-table", true, "also measure through a real Envoy (the pinned one: ENVOY_BIN, or .ci/envoy.sh installs it)")
 	fs.StringVar(&o.envoyBin, "envoy", "", "Envoy binary for the through-Envoy table (default: $ENVOY_BIN, else .ci/envoy.sh)")
 	fs.IntVar(&o.envoyRounds, "envoy-rounds", 5, "through-Envoy rounds per concurrency (every column once per round, the order rotated)")
+	fs.IntVar(&o.envoyAttachRounds, "envoy-attach-rounds", 15, "at the target concurrency, extra rounds of just the two other-path columns (Envoy alone, Envoy carrying idemgate), back to back, the order alternating")
 	fs.DurationVar(&o.envoyDuration, "envoy-duration", 2*time.Second, "measured time per through-Envoy cell and round")
 	fs.DurationVar(&o.envoyWarmup, "envoy-warmup", 500*time.Millisecond, "unmeasured warm-up before each through-Envoy cell")
 	fs.StringVar(&o.envoyRedis, "envoy-redis", defaultSharedRedis(), "the shared Redis idemgate and the I/O floor use through Envoy (own key prefix, keys deleted at the end)")
@@ -214,8 +217,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.memStreams < 1 || o.memBody < 0 || o.memBody > 1<<20 {
 		problems = append(problems, errors.New("-memory-streams must be at least 1 and -memory-body within 0..1048576 (limits.max_body_bytes)"))
 	}
-	if o.envoyTable && (o.envoyRounds < 1 || o.envoyDuration <= 0 || o.envoyWarmup < 0 || o.envoyConfirmRate < 1) {
-		problems = append(problems, errors.New("-envoy-rounds and -envoy-confirm-rate must be at least 1, -envoy-duration positive and -envoy-warmup not negative"))
+	if o.envoyTable && (o.envoyRounds < 1 || o.envoyAttachRounds < 0 || o.envoyDuration <= 0 || o.envoyWarmup < 0 || o.envoyConfirmRate < 1) {
+		problems = append(problems, errors.New("-envoy-rounds and -envoy-confirm-rate must be at least 1, -envoy-attach-rounds not negative, -envoy-duration positive and -envoy-warmup not negative"))
 	}
 	if o.rounds < 1 {
 		problems = append(problems, errors.New("-rounds must be at least 1"))
