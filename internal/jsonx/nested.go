@@ -1,8 +1,6 @@
 package jsonx
 
 import (
-	"errors"
-
 	"github.com/go-json-experiment/json/jsontext"
 )
 
@@ -62,14 +60,9 @@ func readObject(d *jsontext.Decoder, raw []byte, lax bool, depth *int, descend f
 	*depth = max(*depth, d.StackDepth())
 	var ms []Member
 	for d.PeekKind() != '}' {
-		name, err := d.ReadValue()
+		key, start, err := readName(d, lax)
 		if err != nil {
-			return nil, fail(err, d.InputOffset())
-		}
-		start := int(d.InputOffset()) - len(name)
-		key, ok := decodeBytes(name)
-		if !ok && !lax {
-			return nil, fail(errors.New("invalid string"), int64(start))
+			return nil, err
 		}
 		var from int
 		switch k := d.PeekKind(); {

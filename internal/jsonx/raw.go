@@ -52,14 +52,9 @@ func members(raw []byte, lax bool, dst []Member) ([]Member, error) {
 		return nil, fail(err, d.InputOffset())
 	}
 	for d.PeekKind() != '}' {
-		name, err := d.ReadValue()
+		key, start, err := readName(d, lax)
 		if err != nil {
-			return nil, fail(err, d.InputOffset())
-		}
-		start := int(d.InputOffset()) - len(name)
-		key, ok := decodeBytes(name)
-		if !ok && !lax {
-			return nil, fail(errors.New("invalid string"), int64(start))
+			return nil, err
 		}
 		v, err := d.ReadValue()
 		if err != nil {
@@ -75,6 +70,22 @@ func members(raw []byte, lax bool, dst []Member) ([]Member, error) {
 		return nil, err
 	}
 	return dst, nil
+}
+
+// readName reads the member name that comes next: its decoded bytes and
+// the offset of its opening quote. A name that does not decode (invalid
+// UTF-8, a lone surrogate) is an error unless lax.
+func readName(d *jsontext.Decoder, lax bool) (key []byte, start int, err error) {
+	name, err := d.ReadValue()
+	if err != nil {
+		return nil, 0, fail(err, d.InputOffset())
+	}
+	start = int(d.InputOffset()) - len(name)
+	key, ok := decodeBytes(name)
+	if !ok && !lax {
+		return nil, 0, fail(errors.New("invalid string"), int64(start))
+	}
+	return key, start, nil
 }
 
 // Lookup returns the raw value of the member named key (nil when absent).
