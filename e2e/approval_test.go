@@ -1,9 +1,6 @@
 package e2e
 
 import (
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -16,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgate/idemgate/e2e/demoauth"
 	"github.com/idemgate/idemgate/e2e/internal/stack"
 	"github.com/idemgate/idemgate/e2e/payments"
 	"github.com/idemgate/idemgate/internal/testutil"
@@ -27,11 +25,10 @@ import (
 // the approvers' key), answering the HTTP status.
 func approvalStack(t *testing.T) (*stack.Stack, func(id, sub string) int) {
 	t.Helper()
-	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	key, err := demoauth.NewApproverKey("")
 	require.NoError(t, err)
-	b64 := base64.RawURLEncoding
 	jwks := filepath.Join(t.TempDir(), "approvers.jwks")
-	require.NoError(t, os.WriteFile(jwks, []byte(fmt.Sprintf(`{"keys":[{"kty":"OKP","crv":"Ed25519","x":%q}]}`, b64.EncodeToString(pub))), 0o600))
+	require.NoError(t, os.WriteFile(jwks, key.JWKS(), 0o600))
 	approvalAddr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	s := startStack(t, stack.Options{
 		Approval: map[string]any{
@@ -41,13 +38,12 @@ func approvalStack(t *testing.T) (*stack.Stack, func(id, sub string) int) {
 		IdemgateConfig: map[string]any{"approval_listen": approvalAddr},
 	})
 	decide := func(id, sub string) int {
-		h, _ := json.Marshal(map[string]any{"alg": "EdDSA"})
-		c, _ := json.Marshal(map[string]any{"iss": "https://idp.example", "aud": "idemgate-approvals", "sub": sub, "exp": time.Now().Add(time.Minute).Unix()})
-		signed := b64.EncodeToString(h) + "." + b64.EncodeToString(c)
+		token, err := key.Mint(map[string]any{"iss": "https://idp.example", "aud": "idemgate-approvals", "sub": sub, "exp": time.Now().Add(time.Minute).Unix()})
+		require.NoError(t, err)
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+approvalAddr+"/v1/approvals/"+id+"/approve",
 			strings.NewReader(`{"reason":"payee verified by phone"}`))
 		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+signed+"."+b64.EncodeToString(ed25519.Sign(key, []byte(signed))))
+		req.Header.Set("Authorization", "Bearer "+token)
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)

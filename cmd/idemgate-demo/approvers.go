@@ -1,13 +1,11 @@
 package main
 
 import (
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemgate/idemgate/e2e/demoauth"
 )
 
 const (
@@ -29,44 +27,27 @@ const (
 // idemgate's approvers.jwt reads) and the tokens the script prints: the
 // demo ships no approver key, and the idemgate binary knows none.
 type approverKey struct {
-	priv ed25519.PrivateKey
+	key *demoauth.ApproverKey
 }
 
 func newApproverKey() (*approverKey, error) {
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	k, err := demoauth.NewApproverKey("demo-approvers")
 	if err != nil {
 		return nil, fmt.Errorf("failed to generate the demo approvers' key: %w", err)
 	}
-	return &approverKey{priv: priv}, nil
+	return &approverKey{key: k}, nil
 }
 
 // jwks is the public key set idemgate verifies approver tokens with.
-func (k *approverKey) jwks() []byte {
-	pub := k.priv.Public().(ed25519.PublicKey)
-	out, _ := json.Marshal(map[string]any{"keys": []any{map[string]string{
-		"kty": "OKP", "crv": "Ed25519", "alg": "EdDSA", "use": "sig", "kid": "demo-approvers",
-		"x": base64.RawURLEncoding.EncodeToString(pub),
-	}}})
-	return out
-}
+func (k *approverKey) jwks() []byte { return k.key.JWKS() }
 
 // mint signs an EdDSA JWT for the approver sub, valid from now for ttl.
 func (k *approverKey) mint(sub string, ttl time.Duration, now time.Time) (string, error) {
 	if sub == "" {
 		return "", errors.New("failed to mint an approver token: empty subject")
 	}
-	b64 := base64.RawURLEncoding
-	header, err := json.Marshal(map[string]string{"alg": "EdDSA", "typ": "JWT", "kid": "demo-approvers"})
-	if err != nil {
-		return "", err
-	}
-	claims, err := json.Marshal(map[string]any{
+	return k.key.Mint(map[string]any{
 		"iss": demoApproverIssuer, "aud": demoApproverAudience, "sub": sub,
 		"iat": now.Unix(), "exp": now.Add(ttl).Unix(),
 	})
-	if err != nil {
-		return "", err
-	}
-	signing := b64.EncodeToString(header) + "." + b64.EncodeToString(claims)
-	return signing + "." + b64.EncodeToString(ed25519.Sign(k.priv, []byte(signing))), nil
 }

@@ -8,11 +8,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
@@ -30,6 +26,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgate/idemgate/e2e/demoauth"
 	"github.com/idemgate/idemgate/extproc/approvalapi"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/security"
@@ -49,9 +46,8 @@ func TestApprovalPageInBrowser(t *testing.T) {
 	require.NoError(t, err, "the approval page test needs Debian's chromium")
 
 	// The approvers' listener, on the memory store.
-	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	key, err := demoauth.NewApproverKey("")
 	require.NoError(t, err)
-	b64 := base64.RawURLEncoding
 	rt, _, err := config.Parse("test.yaml", []byte(`
 signing: {active_key: k1, keys: {k1: {env: K1}}}
 operations:
@@ -70,7 +66,7 @@ operations:
 		LookupEnv: func(k string) (string, bool) { return "dGVzdC1rZXktazEtbm90LWEtc2VjcmV0LTMyYnl0ZXM=", k == "K1" },
 		ReadFile: func(name string) ([]byte, error) {
 			if name == "/a.jwks" {
-				return []byte(fmt.Sprintf(`{"keys":[{"kty":"OKP","crv":"Ed25519","x":%q}]}`, b64.EncodeToString(pub))), nil
+				return key.JWKS(), nil
 			}
 			return nil, fs.ErrNotExist
 		},
@@ -90,10 +86,8 @@ operations:
 	defer approvals.Close()
 
 	// The SSO proxy: it authenticated bob and sets his bearer token.
-	h2, _ := json.Marshal(map[string]any{"alg": "EdDSA"})
-	c, _ := json.Marshal(map[string]any{"iss": "https://idp.example", "aud": "idemgate-approvals", "sub": "bob", "exp": time.Now().Add(time.Hour).Unix()})
-	signed := b64.EncodeToString(h2) + "." + b64.EncodeToString(c)
-	bobToken := signed + "." + b64.EncodeToString(ed25519.Sign(key, []byte(signed)))
+	bobToken, err := key.Mint(map[string]any{"iss": "https://idp.example", "aud": "idemgate-approvals", "sub": "bob", "exp": time.Now().Add(time.Hour).Unix()})
+	require.NoError(t, err)
 	target, _ := url.Parse(approvals.URL)
 	proxy := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
 		r.SetURL(target)

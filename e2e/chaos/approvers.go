@@ -2,9 +2,6 @@ package chaos
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemgate/idemgate/e2e/demoauth"
 )
 
 // The run's approval rule (docs/design.md §10): a transfer of at least
@@ -53,7 +52,7 @@ type Decision struct {
 // and the faults. Now and then one of them is the requester itself, which
 // idemgate must refuse.
 type Approvers struct {
-	key    ed25519.PrivateKey
+	key    *demoauth.ApproverKey
 	client *http.Client
 	pods   []*Pod
 	rec    *Recorder
@@ -64,7 +63,7 @@ type Approvers struct {
 
 // NewApprovers returns the run's approvers with a fresh signing key.
 func NewApprovers(client *http.Client, rec *Recorder) (*Approvers, error) {
-	_, key, err := ed25519.GenerateKey(rand.Reader)
+	key, err := demoauth.NewApproverKey("chaos")
 	if err != nil {
 		return nil, err
 	}
@@ -72,12 +71,7 @@ func NewApprovers(client *http.Client, rec *Recorder) (*Approvers, error) {
 }
 
 // JWKS is the public key set the replicas' approvers.jwt verifies with.
-func (a *Approvers) JWKS() []byte {
-	b, _ := json.Marshal(map[string]any{"keys": []any{map[string]string{
-		"kty": "OKP", "crv": "Ed25519", "kid": "chaos", "x": base64.RawURLEncoding.EncodeToString(a.key.Public().(ed25519.PublicKey)),
-	}}})
-	return b
-}
+func (a *Approvers) JWKS() []byte { return a.key.JWKS() }
 
 // ApprovalBlock is the approval block of the run's transfer operation.
 func (a *Approvers) ApprovalBlock(jwksFile string) map[string]any {
@@ -99,11 +93,8 @@ func (a *Approvers) token(sub string) string {
 	if t, ok := a.tokens[sub]; ok {
 		return t
 	}
-	b64 := base64.RawURLEncoding
-	h, _ := json.Marshal(map[string]string{"alg": "EdDSA", "kid": "chaos"})
-	c, _ := json.Marshal(map[string]any{"iss": approverIssuer, "aud": approverAudience, "sub": sub, "exp": time.Now().Add(24 * time.Hour).Unix()})
-	signed := b64.EncodeToString(h) + "." + b64.EncodeToString(c)
-	t := signed + "." + b64.EncodeToString(ed25519.Sign(a.key, []byte(signed)))
+	// Strings and an integer: encoding the claims cannot fail.
+	t, _ := a.key.Mint(map[string]any{"iss": approverIssuer, "aud": approverAudience, "sub": sub, "exp": time.Now().Add(24 * time.Hour).Unix()})
 	a.tokens[sub] = t
 	return t
 }

@@ -3,11 +3,7 @@ package approvalapi
 import (
 	"bytes"
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgate/idemgate/e2e/demoauth"
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/security"
 	"github.com/idemgate/idemgate/internal/testutil"
@@ -26,8 +23,6 @@ import (
 	"github.com/idemgate/idemgate/state/postgres"
 	"github.com/idemgate/idemgate/state/statetest"
 )
-
-var b64 = base64.RawURLEncoding
 
 const configYAML = `
 signing: {active_key: k1, keys: {k1: {env: K1}}}
@@ -69,8 +64,8 @@ func (e *events) take() []string {
 
 type fixture struct {
 	srv    *httptest.Server
-	key    ed25519.PrivateKey
-	other  ed25519.PrivateKey
+	key    *demoauth.ApproverKey
+	other  *demoauth.ApproverKey
 	store  statetest.ApprovalStore
 	events *events
 }
@@ -86,16 +81,17 @@ func newFixtureWith(t *testing.T, store statetest.ApprovalStore, transition func
 
 // newFixtureOpts is newFixture with the handler's options edited.
 func newFixtureOpts(t *testing.T, store statetest.ApprovalStore, edit func(*Options)) *fixture {
-	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	// other claims the same kid but is not in the JWKS.
+	key, err := demoauth.NewApproverKey("a1")
 	require.NoError(t, err)
-	_, other, err := ed25519.GenerateKey(rand.Reader)
+	other, err := demoauth.NewApproverKey("a1")
 	require.NoError(t, err)
-	jwks := fmt.Sprintf(`{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"a1","x":%q}]}`, b64.EncodeToString(pub))
+	jwks := key.JWKS()
 	rt, _, err := config.Parse("test.yaml", []byte(configYAML), "", config.Options{
 		LookupEnv: func(k string) (string, bool) { return "dGVzdC1rZXktazEtbm90LWEtc2VjcmV0LTMyYnl0ZXM=", k == "K1" },
 		ReadFile: func(name string) ([]byte, error) {
 			if name == "/approvers.jwks" {
-				return []byte(jwks), nil
+				return jwks, nil
 			}
 			return nil, fs.ErrNotExist
 		},
@@ -113,11 +109,10 @@ func newFixtureOpts(t *testing.T, store statetest.ApprovalStore, edit func(*Opti
 	return &fixture{srv: srv, key: key, other: other, store: store, events: ev}
 }
 
-func (f *fixture) token(key ed25519.PrivateKey, sub string, exp time.Time) string {
-	h, _ := json.Marshal(map[string]any{"alg": "EdDSA", "kid": "a1"})
-	c, _ := json.Marshal(map[string]any{"iss": "https://idp.example", "aud": "idemgate-approvals", "sub": sub, "exp": exp.Unix()})
-	signed := b64.EncodeToString(h) + "." + b64.EncodeToString(c)
-	return signed + "." + b64.EncodeToString(ed25519.Sign(key, []byte(signed)))
+func (f *fixture) token(key *demoauth.ApproverKey, sub string, exp time.Time) string {
+	// Strings and an integer: encoding the claims cannot fail.
+	token, _ := key.Mint(map[string]any{"iss": "https://idp.example", "aud": "idemgate-approvals", "sub": sub, "exp": exp.Unix()})
+	return token
 }
 
 func (f *fixture) call(t *testing.T, method, path, token, body string) (int, map[string]any) {
@@ -309,7 +304,7 @@ func runAPI(t *testing.T, store statetest.ApprovalStore) {
 // and nothing is cached the API answers 503 (no verdict on the token),
 // then the fetched keys verify.
 func TestApproversAPIRemoteJWKS(t *testing.T) {
-	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	key, err := demoauth.NewApproverKey("a1")
 	require.NoError(t, err)
 	var (
 		mu sync.Mutex
@@ -322,7 +317,7 @@ func TestApproversAPIRemoteJWKS(t *testing.T) {
 			http.Error(w, "down", http.StatusServiceUnavailable)
 			return
 		}
-		fmt.Fprintf(w, `{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"a1","x":%q}]}`, b64.EncodeToString(pub))
+		w.Write(key.JWKS())
 	}))
 	defer idp.Close()
 	yaml := strings.Replace(configYAML, "jwks_file: /approvers.jwks", "jwks_url: \""+idp.URL+"/jwks\"", 1)

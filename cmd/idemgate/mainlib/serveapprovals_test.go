@@ -1,9 +1,6 @@
 package mainlib
 
 import (
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -16,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgate/idemgate/e2e/demoauth"
 	"github.com/idemgate/idemgate/internal/testutil"
 )
 
@@ -23,12 +21,10 @@ import (
 // the approvers' API on approval_listen, and lets the confirm through once
 // another person approved it (memory store).
 func TestServeApprovals(t *testing.T) {
-	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	key, err := demoauth.NewApproverKey("")
 	require.NoError(t, err)
-	b64 := base64.RawURLEncoding
 	dir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "approvers.jwks"),
-		[]byte(fmt.Sprintf(`{"keys":[{"kty":"OKP","crv":"Ed25519","x":%q}]}`, b64.EncodeToString(pub))), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "approvers.jwks"), key.JWKS(), 0o600))
 	approvalAddr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	hooked := make(chan http.Header, 1)
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -87,10 +83,9 @@ operations:
 	}
 
 	token := func(sub string) string {
-		h, _ := json.Marshal(map[string]any{"alg": "EdDSA"})
-		c, _ := json.Marshal(map[string]any{"iss": "https://idp.example", "aud": "idemgate-approvals", "sub": sub, "exp": time.Now().Add(time.Minute).Unix()})
-		signed := b64.EncodeToString(h) + "." + b64.EncodeToString(c)
-		return signed + "." + b64.EncodeToString(ed25519.Sign(key, []byte(signed)))
+		token, err := key.Mint(map[string]any{"iss": "https://idp.example", "aud": "idemgate-approvals", "sub": sub, "exp": time.Now().Add(time.Minute).Unix()})
+		require.NoError(t, err)
+		return token
 	}
 	decide := func(sub string) int {
 		req, err := http.NewRequestWithContext(t.Context(), "POST", "http://"+approvalAddr+"/v1/approvals/"+id+"/approve", strings.NewReader(`{"reason":"payee verified"}`))
