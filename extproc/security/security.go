@@ -39,7 +39,11 @@ const (
 	ReasonHeaderNotAllowed = "header_not_allowed"
 	// ReasonAmbiguousValue: a bound value that mainstream parsers read
 	// differently (negative zero, 1E400, U+0000...), refused likewise.
-	ReasonAmbiguousValue      = "ambiguous_value"
+	ReasonAmbiguousValue = "ambiguous_value"
+	// ReasonRequestState: an MCP retry carried a requestState idemgate did
+	// not seal, or sealed for another nonce, subject or approval, or one
+	// past its expiry (docs/design.md §13); refused, nothing executed.
+	ReasonRequestState        = "request_state_invalid"
 	eventName                 = "security_alert"
 	logMessage                = "event=" + eventName
 	defaultWebhookQueueLength = 1000
