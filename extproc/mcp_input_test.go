@@ -300,3 +300,20 @@ func TestApprovalStoresDistinctFromRequester(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPApprovalURL (docs/design.md §13): with approval.public_url the
+// HTTP 202 approval_pending and the status route carry approval_url.
+func TestHTTPApprovalURL(t *testing.T) {
+	clk := newClock()
+	m := memory.New(memory.Options{Now: clk.Now})
+	e := newApprovalEnvYAML(t, withApprovalPage(testConfigYAML), m, m, clk)
+	d := fakeDialer{srv: e.srv}
+	res := do(t, d, post("/v1/transfers/preview", "user-alice", transferBody("1500.00", "EUR", "DE89", "")), previewOK)
+	fp := res.json(t)["fingerprint"].(string)
+	res = do(t, d, post("/v1/transfers/confirm", "user-alice", transferBody("1500.00", "EUR", "DE89", fp)), neverCalled(t))
+	body := requireEnvelope(t, res, 202, "approval_pending", true)
+	id := body["approval_id"].(string)
+	require.Equal(t, publicURL+"/approvals/"+id, body["approval_url"])
+	res = do(t, d, post("/v1/transfers/status", "user-alice", []byte(`{"fingerprint":"`+fp+`"}`)), neverCalled(t))
+	require.Equal(t, publicURL+"/approvals/"+id, res.json(t)["approval_url"])
+}
