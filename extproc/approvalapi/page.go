@@ -37,7 +37,7 @@ table{border-collapse:collapse}td,th{border:1px solid #999;padding:.3rem .6rem;t
 <h1>Approve {{.View.Operation}}?</h1>
 {{if .Error}}<p class="error" id="error">{{.Error}}</p>{{end}}
 <p>State: <span class="state" id="state">{{.View.State}}</span> · requested by <span id="requester">{{.View.Requester}}</span>
- at {{.Created}} · lapses at {{.Expires}} · needs {{.View.Required}} approver(s)</p>
+ at <span id="created">{{.Created}}</span> · lapses at <span id="expires">{{.Expires}}</span> · needs {{.View.Required}} approver(s)</p>
 <h2>What will run</h2>
 <table id="params"><tr><th>parameter</th><th>value</th></tr>
 {{range .Params}}<tr><td>{{.Path}}</td><td>{{.Value}}</td></tr>{{end}}</table>
