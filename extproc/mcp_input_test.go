@@ -317,3 +317,13 @@ func TestHTTPApprovalURL(t *testing.T) {
 	res = do(t, d, post("/v1/transfers/status", "user-alice", []byte(`{"fingerprint":"`+fp+`"}`)), neverCalled(t))
 	require.Equal(t, publicURL+"/approvals/"+id, res.json(t)["approval_url"])
 }
+
+// TestApprovalMessage: the elicitation's message names the operation and
+// the bound params exactly, in the configured language.
+func TestApprovalMessage(t *testing.T) {
+	params := []byte(`{"amount":"1500","currency":"EUR","payee.account_id":"DE89","n":7}`)
+	require.Equal(t, "Approve transfer: amount 1500, currency EUR, payee.account_id DE89, n 7. Open the page and decide there, then come back here: the call continues by itself.",
+		approvalMessage("en", "transfer", params))
+	require.Equal(t, "请批准 transfer：amount 1500，currency EUR，payee.account_id DE89，n 7。请打开页面做出决定，然后回到这里：调用会自动继续。",
+		approvalMessage("zh", "transfer", params))
+}
