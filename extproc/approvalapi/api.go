@@ -10,8 +10,11 @@
 // Every call carries Authorization: Bearer <approver JWT>, verified against
 // the approvers.jwt of the approval's operation; the approver is the
 // token's sub and nothing else: no field an agent wrote names anyone.
-// Answers: 401 without a valid token, 403 approval_forbidden for a
-// self-approval under distinct_from_requester (the requester may deny),
+// Answers: 401 without a valid token, 401 insufficient_user_authentication
+// with the RFC 9470 challenge when the requester approves under
+// requester_step_up with a token not strong or fresh enough (stepup.go),
+// 403 approval_forbidden for a self-approval under distinct_from_requester
+// without step-up (the requester may deny),
 // 404 for an unknown id (or one of an operation the token is not for),
 // 409 when the approval is not pending, 400 for an empty reason; an
 // approver who already approved gets 200 and counts once. A store failure
