@@ -332,8 +332,8 @@ func notifies(rt *config.Runtime) bool {
 }
 
 // tlsPollInterval is how often the listeners' TLS files are checked for a
-// change (a variable for the tests that rotate them).
-var tlsPollInterval = listen.DefaultPollInterval
+// change.
+const tlsPollInterval = listen.DefaultPollInterval
 
 // grpcCredentials are the ext_proc server's transport credentials with
 // grpc_tls: the certificate and client CA re-read as they change, every
