@@ -43,7 +43,11 @@ const (
 	// ReasonRequestState: an MCP retry carried a requestState idemgate did
 	// not seal, or sealed for another nonce, subject or approval, or one
 	// past its expiry (docs/design.md §13); refused, nothing executed.
-	ReasonRequestState        = "request_state_invalid"
+	ReasonRequestState = "request_state_invalid"
+	// ReasonPeerRefused: a connection to a listener with client
+	// certificates refused in the TLS handshake (no certificate, another
+	// CA's, a SAN not allowed): it opened no stream (docs/design.md §12).
+	ReasonPeerRefused         = "peer_refused"
 	eventName                 = "security_alert"
 	logMessage                = "event=" + eventName
 	defaultWebhookQueueLength = 1000
@@ -65,6 +69,14 @@ type Event struct {
 	// a guarded operation (path_not_exact, method_not_allowed), quoted
 	// and cut to a bounded length by the caller.
 	Request string
+	// Listener, Peer, PresentedSAN and Refusal describe a refused
+	// connection (peer_refused): the listener, the remote address, the
+	// SANs of the certificate it presented ("none" without one) and why
+	// (no_certificate, untrusted_certificate, san_not_allowed).
+	Listener     string
+	Peer         string
+	PresentedSAN string
+	Refusal      string
 }
 
 // Counters are the metrics a Reporter bumps. Nil functions are skipped.
@@ -107,6 +119,10 @@ type payload struct {
 	ChangedFields []string `json:"changed_fields,omitempty"`
 	Keys          []string `json:"keys,omitempty"`
 	Request       string   `json:"request,omitempty"`
+	Listener      string   `json:"listener,omitempty"`
+	Peer          string   `json:"peer,omitempty"`
+	PresentedSAN  string   `json:"presented_san,omitempty"`
+	Refusal       string   `json:"refusal,omitempty"`
 	Time          string   `json:"time"`
 }
 
@@ -157,6 +173,10 @@ func (r *Reporter) Report(ctx context.Context, e Event) {
 	if e.Request != "" {
 		attrs = append(attrs, slog.String("request", e.Request))
 	}
+	if e.Peer != "" {
+		attrs = append(attrs, slog.String("listener", e.Listener), slog.String("peer", e.Peer), slog.String("presented_san", e.PresentedSAN),
+			slog.String("refusal", e.Refusal))
+	}
 	r.logger.LogAttrs(ctx, slog.LevelWarn, logMessage, attrs...)
 	if r.counters.Event != nil {
 		r.counters.Event(e.Reason)
@@ -167,6 +187,7 @@ func (r *Reporter) Report(ctx context.Context, e Event) {
 	p := payload{
 		Event: eventName, Reason: e.Reason, Operation: e.Operation, Nonce: e.Nonce,
 		SubjectTag: e.SubjectTag, TraceID: e.TraceID, ChangedFields: e.ChangedFields, Keys: e.Keys, Request: e.Request,
+		Listener: e.Listener, Peer: e.Peer, PresentedSAN: e.PresentedSAN, Refusal: e.Refusal,
 		Time: r.now().UTC().Format(time.RFC3339Nano),
 	}
 	select {
