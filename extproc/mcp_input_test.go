@@ -164,6 +164,15 @@ func TestMCPInputRequest(t *testing.T) {
 	for _, b := range f.rec.bodies {
 		require.NotContains(t, string(b), "requestState")
 	}
+
+	// Denied while the client showed the page: the retry is §10's refusal.
+	fp = f.preview(t, alice, `"2500.00"`)
+	id, _, st = inputRequired(t, f.confirm(t, alice, confirmCall(`8`, `"2500.00"`, fp, urlClient, "")), `8`)
+	_, _, err = f.m.DecideApproval(t.Context(), state.Decision{ID: id, Approver: "user-bob", Approve: false, Reason: "unknown payee"})
+	require.NoError(t, err)
+	r := toolResult(t, f.confirm(t, alice, confirmCall(`9`, `"2500.00"`, fp, urlClient, retryWith(st, "accept"))), `9`, "approval_denied", true)
+	require.Equal(t, id, r["structuredContent"].(map[string]any)["approval_id"])
+	require.Equal(t, 1, f.executions())
 }
 
 // TestMCPInputRequestOnlyForURLClients: clients that cannot show a URL,
