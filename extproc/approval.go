@@ -61,6 +61,9 @@ func (ex *exchange) gatedConfirm(claims fingerprint.Claims, params fingerprint.P
 	if err != nil {
 		return ex.storeFailed("approval", err), true
 	}
+	if refused := ex.mcpCheckState(claims, a, found); refused != nil {
+		return refused, true
+	}
 	if found {
 		return ex.byApproval(a, claims, headersOnly, 0)
 	}
@@ -188,6 +191,10 @@ func (ex *exchange) byApproval(a state.Approval, claims fingerprint.Claims, head
 	x := envelope.Extra{ApprovalID: a.ID}
 	switch a.State {
 	case state.ApprovalPending:
+		if resp := ex.mcpInputRequest(a, claims); resp != nil {
+			return resp, true
+		}
+		x.ApprovalURL = ex.op.Approval.ApprovalURL(a.ID)
 		return ex.envelope(envelope.ApprovalPending, 0, x), true
 	case state.ApprovalDenied:
 		return ex.envelope(envelope.ApprovalDenied, 0, x), true
@@ -302,6 +309,7 @@ func (ex *exchange) approvalStatus(nonce string) (resp *extprocv3.ProcessingResp
 	x := envelope.Extra{ApprovalID: a.ID}
 	switch a.State {
 	case state.ApprovalPending:
+		x.ApprovalURL = ex.op.Approval.ApprovalURL(a.ID)
 		return ex.envelope(envelope.StatusApprovalPending, 0, x), true
 	case state.ApprovalApproved:
 		return ex.envelope(envelope.StatusApprovalGranted, 0, x), true

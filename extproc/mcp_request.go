@@ -13,6 +13,7 @@ import (
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/envelope"
 	"github.com/idemgate/idemgate/extproc/mcp"
+	"github.com/idemgate/idemgate/extproc/requeststate"
 	"github.com/idemgate/idemgate/extproc/security"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/jsonx"
@@ -40,6 +41,10 @@ type mcpExchange struct {
 	// id is the request's JSON-RPC id, raw (nil until the body is read, and
 	// for notifications).
 	id []byte
+	// input is what the call said of input requests (a guarded confirm's);
+	// state is idemgate's requestState it carried, opened (nil: none).
+	input mcp.InputRound
+	state *requeststate.State
 	// The upstream response.
 	status    int
 	sse       bool
@@ -193,6 +198,9 @@ func (ex *exchange) mcpToolCall(req mcp.Request) (*extprocv3.ProcessingResponse,
 	case config.KindStatus:
 		return ex.statusRequest(args, false)
 	}
+	if refused := ex.mcpReadInput(req); refused != nil {
+		return refused, true
+	}
 	resp, end := ex.confirmRequest(args, false)
 	if ex.claimPhase != claimPending {
 		return resp, end
@@ -214,7 +222,7 @@ func (ex *exchange) mcpForwardConfirm(resp *extprocv3.ProcessingResponse, req mc
 	if ex.attestation != "" {
 		meta = append(meta, jsonx.Set{Key: verify.MCPMetaKey, Text: ex.attestation})
 	}
-	newBody := mcp.ForwardBody(req, args, ex.op.FingerprintField, meta...)
+	newBody := mcp.ForwardBody(req, args, ex.op.FingerprintField, ex.mcp.state != nil, meta...)
 	var headers []*corev3.HeaderValueOption
 	if mut := resp.GetRequestBody().GetResponse().GetHeaderMutation(); mut != nil {
 		headers = append(headers, mut.GetSetHeaders()...)

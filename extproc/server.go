@@ -31,6 +31,7 @@ import (
 
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/envelope"
+	"github.com/idemgate/idemgate/extproc/requeststate"
 	"github.com/idemgate/idemgate/extproc/security"
 	"github.com/idemgate/idemgate/state"
 )
@@ -90,6 +91,8 @@ type Server struct {
 	tracer    trace.Tracer
 	// mcpTexts are the rendered MCP texts of each MCP operation.
 	mcpTexts map[*config.Operation]envelope.MCPText
+	// states seals the requestState of approval input requests.
+	states *requeststate.Sealer
 
 	storeTimeout time.Duration
 }
@@ -123,7 +126,12 @@ func NewServer(opts Options) (*Server, error) {
 		}
 		opts.InstanceID = hex.EncodeToString(b[:])
 	}
+	states, err := requeststate.New(opts.Config.Keys)
+	if err != nil {
+		return nil, fmt.Errorf("extproc: %w", err)
+	}
 	return &Server{
+		states:       states,
 		abandons:     newAbandoner(opts.Store, opts.Config.Store.Timeout, opts.Logger, opts.Metrics),
 		cfg:          opts.Config,
 		store:        opts.Store,

@@ -223,6 +223,26 @@ func validKeyID(id string) bool {
 	return true
 }
 
+// DeriveKeys returns, for every key of the ring, a 32-byte key derived
+// from it with HKDF-SHA256 under label: a key of its own for another use
+// (docs/design.md §13: the sealed MCP requestState), so that nothing sealed
+// with it could pass for a fingerprint or a tag. label must differ from
+// the fingerprint's own labels.
+func (r *KeyRing) DeriveKeys(label string) (map[string][]byte, error) {
+	if label == "" || label == subjectTagLabel || label == fieldTagLabel {
+		return nil, fmt.Errorf("%w: a derived key needs a label of its own", ErrInvalidKey)
+	}
+	out := make(map[string][]byte, len(r.keys))
+	for id, k := range r.keys {
+		d, err := hkdf.Expand(sha256.New, k.mac, label, sha256.Size)
+		if err != nil {
+			return nil, fmt.Errorf("failed to derive a %s key of %q: %w", label, id, err)
+		}
+		out[id] = d
+	}
+	return out, nil
+}
+
 // ActiveKeyID is the id of the key that signs.
 func (r *KeyRing) ActiveKeyID() string { return r.active }
 

@@ -59,6 +59,11 @@ type ApprovalEvent struct {
 	// ParamHash is the hash of the params the actor was shown (decisions).
 	ParamHash string
 	At        time.Time
+	// ACR, AMR and AuthTime are how the deciding person authenticated, as
+	// their token said (docs/design.md §13); empty and zero otherwise.
+	ACR      string
+	AMR      []string
+	AuthTime time.Time
 }
 
 // Approval is one approval request with its audit trail.
@@ -219,6 +224,15 @@ type Decision struct {
 	Approver string // the verified subject, or an operator's --as
 	Approve  bool
 	Reason   string
+	// StepUp: the approver is the requester and authenticated strongly and
+	// recently enough for the operation's requester_step_up (checked by
+	// the approvers' API); their approval then counts although
+	// DistinctFromRequester (docs/design.md §13).
+	StepUp bool
+	// ACR, AMR and AuthTime are recorded with the decision.
+	ACR      string
+	AMR      []string
+	AuthTime time.Time
 }
 
 // Validate checks a Decision.
@@ -336,21 +350,26 @@ func DecideOn(a *Approval, d Decision, now time.Time) DecisionOutcome {
 	if !d.Approve {
 		a.State = ApprovalDenied
 		a.UpdatedAt = now
-		a.Events = append(a.Events, ApprovalEvent{Kind: EventDenied, Actor: d.Approver, Reason: d.Reason, ParamHash: a.ParamHash, At: now})
+		a.Events = append(a.Events, decisionEvent(EventDenied, a, d, now))
 		return DecisionRecorded
 	}
-	if a.DistinctFromRequester && d.Approver == a.Requester {
+	if a.DistinctFromRequester && d.Approver == a.Requester && !d.StepUp {
 		return DecisionSelfApproval
 	}
 	if slicesContains(a.Approvers(), d.Approver) {
 		return DecisionRepeated
 	}
-	a.Events = append(a.Events, ApprovalEvent{Kind: EventApproved, Actor: d.Approver, Reason: d.Reason, ParamHash: a.ParamHash, At: now})
+	a.Events = append(a.Events, decisionEvent(EventApproved, a, d, now))
 	a.UpdatedAt = now
 	if len(a.Approvers()) >= a.Required {
 		a.State = ApprovalApproved
 	}
 	return DecisionRecorded
+}
+
+func decisionEvent(kind string, a *Approval, d Decision, now time.Time) ApprovalEvent {
+	return ApprovalEvent{Kind: kind, Actor: d.Approver, Reason: d.Reason, ParamHash: a.ParamHash, At: now,
+		ACR: d.ACR, AMR: append([]string(nil), d.AMR...), AuthTime: d.AuthTime}
 }
 
 func slicesContains(s []string, v string) bool {

@@ -20,6 +20,12 @@ const (
 	// demoApprovalTTL is the demo's approval.ttl (the life of an approval
 	// and of the fingerprint of a previewed transfer that needs one).
 	demoApprovalTTL = time.Hour
+	// demoStepUpACR is the authentication context the MCP transfer's
+	// requester_step_up asks for (a stand-in for a PSD2 strong customer
+	// authentication), and demoMaxAuthAge how recent it must be: the
+	// longest config allows, so that a pasted script still works a while.
+	demoStepUpACR  = "urn:idemgate:demo:sca"
+	demoMaxAuthAge = time.Hour
 )
 
 // approverKey signs the demo approvers' bearer tokens. It is generated for
@@ -43,11 +49,25 @@ func (k *approverKey) jwks() []byte { return k.key.JWKS() }
 
 // mint signs an EdDSA JWT for the approver sub, valid from now for ttl.
 func (k *approverKey) mint(sub string, ttl time.Duration, now time.Time) (string, error) {
+	return k.mintClaims(sub, ttl, now, nil)
+}
+
+// mintSteppedUp is mint for a person who just authenticated strongly: acr
+// demoStepUpACR, amr hwk, auth_time now (docs/design.md §13).
+func (k *approverKey) mintSteppedUp(sub string, ttl time.Duration, now time.Time) (string, error) {
+	return k.mintClaims(sub, ttl, now, map[string]any{"acr": demoStepUpACR, "amr": []string{"hwk"}, "auth_time": now.Unix()})
+}
+
+func (k *approverKey) mintClaims(sub string, ttl time.Duration, now time.Time, extra map[string]any) (string, error) {
 	if sub == "" {
 		return "", errors.New("failed to mint an approver token: empty subject")
 	}
-	return k.key.Mint(map[string]any{
+	c := map[string]any{
 		"iss": demoApproverIssuer, "aud": demoApproverAudience, "sub": sub,
 		"iat": now.Unix(), "exp": now.Add(ttl).Unix(),
-	})
+	}
+	for key, v := range extra {
+		c[key] = v
+	}
+	return k.key.Mint(c)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"sync"
 
 	"github.com/goccy/go-yaml"
@@ -30,12 +31,17 @@ const (
 // (a person reads them, and the demo reads serve's start-up line), no
 // drain wait (Envoy, the only client, is stopped first), and, unless the
 // shipped file has one, an attestation key, so that the demo's payments API
-// can refuse what did not pass idemgate. The transfer operation (HTTP)
-// also needs a person's approval from demoApprovalThreshold up, decided on
-// the approvers' API (approval_listen on a loopback port the system picks)
-// with tokens verified by the JWKS in approversJWKS, so the demo can walk
-// through docs/design.md §10.
+// can refuse what did not pass idemgate. The transfer operations (HTTP and
+// MCP) also need a person's approval from demoApprovalThreshold up, decided
+// on the approvers' API and page (approval_listen on a free loopback port,
+// which is also approval.public_url) with tokens verified by the JWKS in
+// approversJWKS, so the demo can walk through docs/design.md §10 (HTTP:
+// four eyes) and §13 (MCP: the requester approves with step-up).
 func demoConfigYAML(approversJWKS string) ([]byte, error) {
+	approvalAddr, err := freeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
 	var shipped yaml.MapSlice
 	if err := yaml.UnmarshalWithOptions(envoy.IdemgateYAML(), &shipped, yaml.UseOrderedMap()); err != nil {
 		return nil, fmt.Errorf("failed to read envoy/idemgate.yaml: %w", err)
@@ -49,7 +55,7 @@ func demoConfigYAML(approversJWKS string) ([]byte, error) {
 		case "attestation":
 			attested = true
 		case "operations":
-			ops, err := withDemoApproval(item.Value, approversJWKS)
+			ops, err := withDemoApproval(item.Value, approversJWKS, "http://"+approvalAddr)
 			if err != nil {
 				return nil, err
 			}
@@ -66,8 +72,9 @@ func demoConfigYAML(approversJWKS string) ([]byte, error) {
 	derived = append(derived,
 		yaml.MapItem{Key: "log", Value: yaml.MapSlice{{Key: "level", Value: "info"}, {Key: "format", Value: "text"}}},
 		yaml.MapItem{Key: "drain", Value: yaml.MapSlice{{Key: "period", Value: "0s"}, {Key: "timeout", Value: "5s"}}},
-		// Port 0: serve logs the address it bound, which the demo reads.
-		yaml.MapItem{Key: "approval_listen", Value: "127.0.0.1:0"},
+		// A port picked now, because approval.public_url names it; serve
+		// logs the address it bound, which the demo reads.
+		yaml.MapItem{Key: "approval_listen", Value: approvalAddr},
 	)
 	out, err := yaml.Marshal(derived)
 	if err != nil {
@@ -76,18 +83,31 @@ func demoConfigYAML(approversJWKS string) ([]byte, error) {
 	return out, nil
 }
 
-// demoApprovedOperation is the shipped operation the demo gates.
-const demoApprovedOperation = "transfer"
+// demoApprovedOperations are the shipped operations the demo gates, with
+// whether the requester may approve with step-up (the MCP one: the person
+// at the agent's keyboard approves their own payment, docs/design.md §13;
+// the HTTP one keeps four eyes).
+var demoApprovedOperations = map[string]bool{"transfer": false, "transfer_mcp": true}
 
-// withDemoApproval adds the demo's approval block to the transfer operation
-// of the shipped operations list (which has none: approvers are a
-// deployment's own identity provider).
-func withDemoApproval(v any, approversJWKS string) (any, error) {
+// freeLoopbackAddr is a loopback host:port that was free a moment ago.
+func freeLoopbackAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("failed to find a free port for the approvers' API: %w", err)
+	}
+	addr := ln.Addr().String()
+	return addr, ln.Close()
+}
+
+// withDemoApproval adds the demo's approval block to the transfer
+// operations of the shipped operations list (which has none: approvers are
+// a deployment's own identity provider).
+func withDemoApproval(v any, approversJWKS, publicURL string) (any, error) {
 	ops, ok := v.([]any)
 	if !ok {
 		return nil, fmt.Errorf("envoy/idemgate.yaml: operations is %T, not a list", v)
 	}
-	found := false
+	found := 0
 	for i, o := range ops {
 		op, ok := o.(yaml.MapSlice)
 		if !ok {
@@ -99,7 +119,8 @@ func withDemoApproval(v any, approversJWKS string) (any, error) {
 				name, _ = f.Value.(string)
 			}
 		}
-		if name != demoApprovedOperation {
+		stepUp, gated := demoApprovedOperations[name]
+		if !gated {
 			continue
 		}
 		for _, f := range op {
@@ -107,23 +128,31 @@ func withDemoApproval(v any, approversJWKS string) (any, error) {
 				return nil, fmt.Errorf("envoy/idemgate.yaml: operation %s already has an approval block; the demo adds its own", name)
 			}
 		}
-		found = true
+		found++
+		approvers := yaml.MapSlice{
+			{Key: "jwt", Value: yaml.MapSlice{
+				{Key: "issuer", Value: demoApproverIssuer},
+				{Key: "audience", Value: demoApproverAudience},
+				{Key: "jwks_file", Value: approversJWKS},
+			}},
+			{Key: "distinct_from_requester", Value: true},
+			{Key: "required", Value: 1},
+		}
+		if stepUp {
+			approvers = append(approvers, yaml.MapItem{Key: "requester_step_up", Value: yaml.MapSlice{
+				{Key: "acr", Value: []any{demoStepUpACR}},
+				{Key: "max_auth_age", Value: demoMaxAuthAge.String()},
+			}})
+		}
 		ops[i] = append(append(yaml.MapSlice{}, op...), yaml.MapItem{Key: "approval", Value: yaml.MapSlice{
 			{Key: "rules", Value: []any{yaml.MapSlice{{Key: "param", Value: "amount"}, {Key: "at_least", Value: demoApprovalThreshold}}}},
-			{Key: "approvers", Value: yaml.MapSlice{
-				{Key: "jwt", Value: yaml.MapSlice{
-					{Key: "issuer", Value: demoApproverIssuer},
-					{Key: "audience", Value: demoApproverAudience},
-					{Key: "jwks_file", Value: approversJWKS},
-				}},
-				{Key: "distinct_from_requester", Value: true},
-				{Key: "required", Value: 1},
-			}},
+			{Key: "approvers", Value: approvers},
 			{Key: "ttl", Value: demoApprovalTTL.String()},
+			{Key: "public_url", Value: publicURL},
 		}})
 	}
-	if !found {
-		return nil, fmt.Errorf("envoy/idemgate.yaml has no operation %s for the demo's approval walkthrough", demoApprovedOperation)
+	if found != len(demoApprovedOperations) {
+		return nil, fmt.Errorf("envoy/idemgate.yaml lacks an operation of %v for the demo's approval walkthrough", demoApprovedOperations)
 	}
 	return ops, nil
 }

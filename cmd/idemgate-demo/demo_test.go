@@ -209,9 +209,9 @@ func TestDemoPrintedCommandsShowWhatTheySay(t *testing.T) {
 	require.Contains(t, script, "# idemgate demo: a real Envoy "+pinnedVersion(t)+" in front of idemgate")
 	steps, order := runSteps(t, script)
 	require.Equal(t, []string{"1", "2", "3a", "3b", "4", "5", "6", "7", "7b", "8", "9", "10", "11", "12", "13",
-		"14", "15", "16", "17", "18", "19", "20", "21", "22"}, order, "the steps, in the order the brief of the demo lists them")
+		"14", "15", "16", "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28"}, order, "the steps, in the order the brief of the demo lists them")
 
-	for _, step := range []string{"2", "3a", "3b", "4", "5", "6", "7", "16", "17", "18", "19", "20", "21"} {
+	for _, step := range []string{"2", "3a", "3b", "4", "5", "6", "7", "16", "17", "18", "19", "20", "21", "25", "26"} {
 		require.Equal(t, "\n", parseCurl(t, step, steps[step]).rest, "step %s prints its response and nothing else", step)
 	}
 
@@ -440,11 +440,84 @@ func TestDemoPrintedCommandsShowWhatTheySay(t *testing.T) {
 		}
 	})
 
-	t.Run("one execution over HTTP, one over MCP, one approved", func(t *testing.T) {
+	// Steps 23-28: the MCP transfer, approved by its requester with step-up.
+	var mafp, mApprovalID, mTransferID string
+	t.Run("23 the MCP preview above the threshold says approval_required", func(t *testing.T) {
+		body, rest, _ := strings.Cut(steps["23"], "\nMAFP=")
+		sc := rpcResult(t, body, 6)["structuredContent"].(map[string]any)
+		require.Equal(t, true, sc["approval_required"])
+		mafp, _ = sc["fingerprint"].(string)
+		require.NotEmpty(t, mafp)
+		require.Equal(t, mafp+"\n", rest)
+	})
+	t.Run("24 the MCP confirm is approval_pending with the page's URL", func(t *testing.T) {
+		body, rest, _ := strings.Cut(steps["24"], "\nAPPROVAL_ID=")
+		res := rpcResult(t, body, 7)
+		require.Equal(t, true, res["isError"])
+		sc := res["structuredContent"].(map[string]any)
+		require.Equal(t, "approval_pending", sc["status"])
+		mApprovalID, _ = sc["approval_id"].(string)
+		require.NotEmpty(t, mApprovalID)
+		require.Equal(t, mApprovalID+"\n", rest)
+		require.Equal(t, approvalsURL(t, script)+"/approvals/"+mApprovalID, sc["approval_url"])
+	})
+	t.Run("25 alice's everyday token is asked to step up", func(t *testing.T) {
+		r := parseCurl(t, "25", steps["25"])
+		require.Equal(t, http.StatusUnauthorized, r.status)
+		require.Equal(t, `Bearer error="insufficient_user_authentication", error_description="approving your own operation needs a stronger or more recent authentication", acr_values="`+demoStepUpACR+`", max_age=3600`, r.header.Get("WWW-Authenticate"))
+		require.Equal(t, "insufficient_user_authentication", r.json(t)["error"])
+	})
+	t.Run("26 alice approves with the stepped-up token", func(t *testing.T) {
+		r := parseCurl(t, "26", steps["26"])
+		require.Equal(t, http.StatusOK, r.status, string(r.body))
+		body := r.json(t)
+		require.Equal(t, "approved", body["state"])
+		require.Equal(t, "transfer_mcp", body["operation"])
+		dec := body["decisions"].([]any)[0].(map[string]any)
+		require.Equal(t, "alice", dec["approver"])
+		require.Equal(t, demoStepUpACR, dec["acr"])
+		require.NotEmpty(t, dec["auth_time"])
+	})
+	t.Run("27 the MCP confirm executes once", func(t *testing.T) {
+		res := rpcResult(t, steps["27"], 8)
+		require.NotEqual(t, true, res["isError"])
+		mTransferID, _ = res["structuredContent"].(map[string]any)["transfer_id"].(string)
+		require.NotEmpty(t, mTransferID)
+	})
+	t.Run("28 and replays", func(t *testing.T) {
+		res := rpcResult(t, steps["28"], 9)
+		require.Equal(t, map[string]any{"io.idemgate/replayed": true}, res["_meta"])
+		require.Equal(t, mTransferID, res["structuredContent"].(map[string]any)["result_ref"])
+	})
+
+	t.Run("one execution over HTTP, one over MCP, one approved of each", func(t *testing.T) {
 		require.NotEmpty(t, mfp)
-		require.Equal(t, 3, strings.Count(d.stderr.String(), `msg="payments: executed transfer"`))
-		require.Eventually(t, func() bool { return strings.Count(d.stderr.String(), `"POST /mcp HTTP/1.1" 200`) == 5 },
-			10*time.Second, 50*time.Millisecond, "steps 9-13 went through Envoy (its access log is flushed every few seconds)")
+		require.Equal(t, 4, strings.Count(d.stderr.String(), `msg="payments: executed transfer"`))
+		require.Eventually(t, func() bool { return strings.Count(d.stderr.String(), `"POST /mcp HTTP/1.1" 200`) == 9 },
+			10*time.Second, 50*time.Millisecond, "steps 9-13, 23, 24, 27 and 28 went through Envoy (its access log is flushed every few seconds)")
+	})
+
+	t.Run("the printed Python SDK agent works", func(t *testing.T) {
+		py := mcpPython(t)
+		var src []string
+		_, after, found := strings.Cut(script, "as agent.py and run")
+		require.True(t, found)
+		for _, l := range strings.Split(after, "\n")[1:] {
+			rest, ok := strings.CutPrefix(l, "#   ")
+			if !ok {
+				break
+			}
+			src = append(src, rest)
+		}
+		require.Equal(t, pythonAgent, src, "the script prints the agent as it is")
+		file := filepath.Join(t.TempDir(), "agent.py")
+		require.NoError(t, os.WriteFile(file, []byte(strings.Join(src, "\n")+"\n"), 0o600))
+		cmd := exec.CommandContext(t.Context(), py, file)
+		cmd.Env = append(os.Environ(), "GW="+scriptVar(t, script, "GW"), "ALICE="+scriptVar(t, script, "ALICE"))
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "'transfer_status'")
+		require.Contains(t, string(out), "'transfer_confirm'")
 	})
 
 	t.Run("every request went through Envoy", func(t *testing.T) {
@@ -464,6 +537,39 @@ func TestDemoPrintedCommandsShowWhatTheySay(t *testing.T) {
 
 // rpcResult decodes a step's JSON-RPC response with the wanted id and
 // returns its result.
+// scriptVar is the value the printed script assigns to name.
+func scriptVar(t *testing.T, script, name string) string {
+	t.Helper()
+	for _, l := range strings.Split(script, "\n") {
+		if v, ok := strings.CutPrefix(l, name+"="); ok {
+			return v
+		}
+	}
+	t.Fatalf("the script sets no %s", name)
+	return ""
+}
+
+func approvalsURL(t *testing.T, script string) string { return scriptVar(t, script, "APPROVALS") }
+
+// mcpPython is the interpreter of .ci/mcp-python.sh (the official MCP
+// Python SDK, installed into the git-ignored .mcp-python/ when missing);
+// without it the test is skipped, unless IDEMGATE_REQUIRE_SERVICES=1.
+func mcpPython(t *testing.T) string {
+	t.Helper()
+	script, err := filepath.Abs(filepath.Join("..", "..", ".ci", "mcp-python.sh"))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, script).Output()
+	if err != nil {
+		if os.Getenv("IDEMGATE_REQUIRE_SERVICES") == "1" {
+			t.Fatalf("the MCP Python SDK is not available (%s): %v", script, err)
+		}
+		t.Skipf("the MCP Python SDK is not available (%s): %v", script, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
 func rpcResult(t *testing.T, text string, id int) map[string]any {
 	t.Helper()
 	var msg struct {
@@ -523,18 +629,26 @@ func TestDemoConfigIsTheShippedOneWithTheMemoryStore(t *testing.T) {
 	require.Equal(t, shipped.Limits, demoRT.Limits)
 	require.Equal(t, shipped.Language, demoRT.Language)
 	require.Len(t, demoRT.Operations, len(shipped.Operations))
-	require.Equal(t, "127.0.0.1:0", demoSettings.ApprovalListen, "the approvers' API on a loopback port serve picks")
+	require.Regexp(t, `^127\.0\.0\.1:[0-9]+$`, demoSettings.ApprovalListen, "the approvers' API on a free loopback port")
 	for i, want := range shipped.Operations {
 		got := demoRT.Operations[i]
-		// The one addition: the transfer operation (HTTP) needs a person's
-		// approval from the threshold up, for steps 14-22.
+		// The one addition: the transfer operations (HTTP and MCP) need a
+		// person's approval from the threshold up, for steps 14-28; the
+		// MCP one lets the requester approve with step-up.
 		require.Nil(t, want.Approval, "the shipped config has no approvers; the demo brings its own")
-		if got.Name == demoApprovedOperation {
+		if stepUp, gated := demoApprovedOperations[got.Name]; gated {
 			require.NotNil(t, got.Approval)
 			require.Equal(t, 1, got.Approval.Required)
 			require.True(t, got.Approval.DistinctFromRequester)
 			require.Equal(t, demoApprovalTTL, got.Approval.TTL)
 			require.Equal(t, jwks, got.Approval.JWKSFile)
+			require.Equal(t, "http://"+demoSettings.ApprovalListen, got.Approval.PublicURL)
+			require.Equal(t, got.Approval.Rules[0].Text, "amount >= "+demoApprovalThreshold, "the same rule on both")
+			if stepUp {
+				require.Equal(t, &config.StepUpSettings{ACR: []string{demoStepUpACR}, MaxAuthAge: demoMaxAuthAge}, got.Approval.StepUp)
+			} else {
+				require.Nil(t, got.Approval.StepUp)
+			}
 		} else {
 			require.Nil(t, got.Approval, "operation %s", got.Name)
 		}

@@ -74,6 +74,11 @@ func demoScript(st scriptInfo, now time.Time) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// alice once more, just after a strong authentication (step-up).
+	aliceSCA, err := st.approvers.mintSteppedUp("alice", demoTokenTTL, now)
+	if err != nil {
+		return "", err
+	}
 	expired, err := expiredFingerprint(st.rt, "alice", now.Add(-demoExpiredBy))
 	if err != nil {
 		return "", err
@@ -107,6 +112,8 @@ func demoScript(st scriptInfo, now time.Time) (string, error) {
 	line("# In production the SSO proxy in front of approval_listen sets them; an agent's token (ALICE above) is not one.")
 	line("ALICE_APPROVER=%s", aliceApprover)
 	line("BOB_APPROVER=%s", bobApprover)
+	line("# For step 26: alice's approver token after she authenticated strongly now (acr %s, amr [hwk], auth_time %s); the MCP transfer's requester_step_up accepts it for %s.", demoStepUpACR, now.UTC().Format(time.RFC3339), shortDuration(demoMaxAuthAge))
+	line("ALICE_SCA=%s", aliceSCA)
 	line("")
 	line("# 1. Preview as alice: the payments API quotes; idemgate adds \"fingerprint\" and \"fingerprint_expires_at\" (now + %s) to the body and an Idempotency-Fingerprint header. Expect 200; nothing stored, nothing executed.", fpTTL)
 	line(`PREVIEW=$(%s); printf '%%s\n' "$PREVIEW"`, demoCurl("preview", "$ALICE", "", "'"+demoTransfer+"'"))
@@ -140,7 +147,11 @@ func demoScript(st scriptInfo, now time.Time) (string, error) {
 	line(`curl -sS -w '\n' "$GW/_admin/stats"`)
 	line("")
 	line("# The same transfer as MCP tools (Streamable HTTP on $GW/mcp, guarded by the same Envoy filter and idemgate). Any MCP client works unchanged:")
-	line("# point it at $GW/mcp with the header \"Authorization: Bearer $ALICE\" (Go SDK: mcp.StreamableClientTransport{Endpoint: ...}; Python SDK: streamablehttp_client(url, headers=...)).")
+	line("# point it at $GW/mcp with the header \"Authorization: Bearer $ALICE\". Go SDK: mcp.StreamableClientTransport{Endpoint: ..., HTTPClient: a client setting the header}.")
+	line("# Python SDK (mcp 2.x; its transport takes an HTTP client that carries the header). Save the lines below without their \"#   \" as agent.py and run GW=$GW ALICE=$ALICE python3 agent.py:")
+	for _, l := range pythonAgent {
+		line("#   %s", l)
+	}
 	line("MCP='-H content-type:application/json -H accept:application/json,text/event-stream -H mcp-protocol-version:2025-11-25'")
 	line("# 9. tools/list: transfer_confirm has gained a required \"fingerprint\" argument (copy it from the preview), and idemgate's transfer_status tool is appended.")
 	line(`%s -d '{"jsonrpc":"2.0","id":1,"method":"tools/list"}'`, mcpCurl)
@@ -176,6 +187,23 @@ func demoScript(st scriptInfo, now time.Time) (string, error) {
 	line("%s", demoCurl("confirm", "$ALICE", "", withNamedFingerprint("$AFP", demoBigTransfer)))
 	line("# 22. idemgate's metrics count each approval transition: requested, approved (decided on the approvers' API) and consumed, 1 each.")
 	line(`curl -sS "$ADMIN/metrics" | grep '^idemgate_approval_transitions_total'`)
+	line("")
+	line("# Approval where the agent runs (docs/design.md §13): the MCP transfer has the same rule, and its requester may approve it herself after a strong, recent authentication (requester_step_up).")
+	line("# A 2026-07-28 client that declares URL elicitation (the Python SDK with an elicitation_callback) is shown the approval page by its own client and retries by itself; curl declares none and gets the page's URL in the tool result.")
+	line("# 23. MCP preview of 1500.00: \"approval_required\":true in structuredContent.")
+	line(`MAPREVIEW=$(%s -d '%s'); printf '%%s\n' "$MAPREVIEW"`, mcpCurl, mcpCall(6, "transfer_preview", demoBigTransfer))
+	line(`MAFP=$(printf '%%s\n' "$MAPREVIEW" | %s); echo "MAFP=$MAFP"`, fingerprintSed)
+	line("# 24. MCP confirm: a tool result with isError true, \"status\":\"approval_pending\" and \"approval_url\" (open it in a browser behind your SSO proxy); nothing executed.")
+	line(`MPENDING=$(%s -d '%s'); printf '%%s\n' "$MPENDING"`, mcpCurl, mcpCall(7, "transfer_confirm", `{"fingerprint":"'"$MAFP"'",`+demoBigTransfer[1:]))
+	line(`APPROVAL_ID=$(printf '%%s\n' "$MPENDING" | %s); echo "APPROVAL_ID=$APPROVAL_ID"`, approvalIDSed)
+	line("# 25. alice approves it with her everyday token: expect 401 and WWW-Authenticate: Bearer error=\"insufficient_user_authentication\", acr_values=\"%s\", max_age=%d (RFC 9470: her identity provider steps her up).", demoStepUpACR, int(demoMaxAuthAge.Seconds()))
+	line("%s", approvalCurl("$ALICE_APPROVER", "approve", "my deposit"))
+	line("# 26. alice approves with the stepped-up token: expect 200 \"state\":\"approved\", her decision recorded with acr and auth_time.")
+	line("%s", approvalCurl("$ALICE_SCA", "approve", "my deposit, confirmed with my security key"))
+	line("# 27. The MCP confirm again: executed once (a transfer_id), the approval consumed.")
+	line(`%s -d '%s'`, mcpCurl, mcpCall(8, "transfer_confirm", `{"fingerprint":"'"$MAFP"'",`+demoBigTransfer[1:]))
+	line("# 28. And again: replayed (\"already_completed\", _meta \"io.idemgate/replayed\": true), not executed.")
+	line(`%s -d '%s'`, mcpCurl, mcpCall(9, "transfer_confirm", `{"fingerprint":"'"$MAFP"'",`+demoBigTransfer[1:]))
 	return b.String(), nil
 }
 
@@ -189,6 +217,21 @@ func shortDuration(d time.Duration) string {
 		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
+}
+
+// pythonAgent is the smallest agent on the official Python SDK (mcp 2.x)
+// that lists the tools through the front; TestDemoPythonHint runs it.
+// Passing elicitation_callback= to Client makes it declare URL elicitation
+// (docs/mcp.md).
+var pythonAgent = []string{
+	"import asyncio, os, httpx2",
+	"from mcp import Client",
+	"from mcp.client.streamable_http import streamable_http_client",
+	"async def main():",
+	`    async with httpx2.AsyncClient(headers={"Authorization": "Bearer " + os.environ["ALICE"]}) as http:`,
+	`        async with Client(streamable_http_client(os.environ["GW"] + "/mcp", http_client=http)) as client:`,
+	"            print([t.name for t in (await client.list_tools()).tools])",
+	"asyncio.run(main())",
 }
 
 // mcpCurl is one POST of a JSON-RPC message to the front's MCP endpoint.

@@ -105,10 +105,13 @@ operations:
 	require.Contains(t, params, "payee.account_id\tDE89370400440532013000")
 	require.Equal(t, "user-alice", cdp.text(t, "requester"))
 	require.Equal(t, "bob", cdp.text(t, "approver"))
+	require.Equal(t, "amount >= 1000.00", cdp.text(t, "rules"), "the rules that fired")
+	require.Equal(t, a.ExpiresAt.UTC().Format(time.RFC3339), cdp.text(t, "expires"), "when it lapses")
 
 	cdp.eval(t, `document.getElementById('reason').value = 'called the payee, amount confirmed'; document.getElementById('approve').click(); true`)
 	require.Eventually(t, func() bool { return cdp.text(t, "state") == "approved" }, 10*time.Second, 50*time.Millisecond)
 	require.Contains(t, cdp.text(t, "decisions"), "bob: approve — called the payee, amount confirmed")
+	require.Contains(t, cdp.text(t, "return"), "Return to your agent", "after the decision the page sends the person back")
 
 	got, _, err := store.GetApproval(t.Context(), a.ID)
 	require.NoError(t, err)

@@ -15,12 +15,16 @@ import (
 )
 
 // The run's approval rule (docs/design.md §10): a transfer of at least
-// ApprovalAtLeast waits for ApprovalRequired distinct approvers, none of
-// them its requester. Agents' amounts run up to 900.99 (and drifted ones,
-// previewed again, above 1000), so a fair share of transfers is gated.
+// ApprovalAtLeast waits for ApprovalRequired distinct approvers; its
+// requester counts as one only with step-up (§13: a token with acr
+// StepUpACR and an auth_time within StepUpMaxAge). Agents' amounts run up
+// to 900.99 (and drifted ones, previewed again, above 1000), so a fair
+// share of transfers is gated.
 const (
 	ApprovalAtLeast  = "750.00"
 	ApprovalRequired = 2
+	StepUpACR        = "urn:idemgate:chaos:sca"
+	StepUpMaxAge     = 10 * time.Minute
 	approverIssuer   = "https://approvers.chaos.idemgate.invalid"
 	approverAudience = "idemgate-approvals"
 )
@@ -37,12 +41,14 @@ type Decision struct {
 	Approver   string
 	ApprovalID string
 	Kind       string // DecideApprove or DecideDeny
-	// Self says the approver is the approval's requester (an approve that
-	// must be refused, approval_forbidden).
-	Self bool
-	Pod  int
-	HTTP int
-	Err  string
+	// Self says the approver is the approval's requester: an approve that
+	// must be refused (401 insufficient_user_authentication) unless StepUp,
+	// the requester's token carrying the step-up (acr, fresh auth_time).
+	Self   bool
+	StepUp bool
+	Pod    int
+	HTTP   int
+	Err    string
 	// Error is the API's "error" member of a refusal.
 	Error string
 }
@@ -81,6 +87,7 @@ func (a *Approvers) ApprovalBlock(jwksFile string) map[string]any {
 			"jwt":                     map[string]any{"issuer": approverIssuer, "audience": approverAudience, "jwks_file": jwksFile},
 			"required":                ApprovalRequired,
 			"distinct_from_requester": true,
+			"requester_step_up":       map[string]any{"acr": []any{StepUpACR}, "max_auth_age": StepUpMaxAge.String()},
 		},
 		"ttl": "10m",
 	}
@@ -96,6 +103,15 @@ func (a *Approvers) token(sub string) string {
 	// Strings and an integer: encoding the claims cannot fail.
 	t, _ := a.key.Mint(map[string]any{"iss": approverIssuer, "aud": approverAudience, "sub": sub, "exp": time.Now().Add(24 * time.Hour).Unix()})
 	a.tokens[sub] = t
+	return t
+}
+
+// stepUpToken is sub's token right after a strong authentication: acr
+// StepUpACR, auth_time now (minted for each decision, so it stays fresh).
+func (a *Approvers) stepUpToken(sub string) string {
+	now := time.Now()
+	t, _ := a.key.Mint(map[string]any{"iss": approverIssuer, "aud": approverAudience, "sub": sub,
+		"exp": now.Add(time.Hour).Unix(), "acr": StepUpACR, "auth_time": now.Unix()})
 	return t
 }
 
@@ -133,13 +149,22 @@ func (a *Approvers) pending(ctx context.Context, pod int, sub string) ([]pending
 
 // decide sends one decision through pod and records it.
 func (a *Approvers) decide(ctx context.Context, pod int, sub string, v pendingView, kind string) Decision {
-	d := Decision{At: time.Now(), Approver: sub, ApprovalID: v.ID, Kind: kind, Self: sub == v.Requester, Pod: pod}
+	return a.decideAs(ctx, pod, sub, v, kind, false)
+}
+
+// decideAs is decide with a stepped-up token when stepUp.
+func (a *Approvers) decideAs(ctx context.Context, pod int, sub string, v pendingView, kind string, stepUp bool) Decision {
+	d := Decision{At: time.Now(), Approver: sub, ApprovalID: v.ID, Kind: kind, Self: sub == v.Requester, StepUp: stepUp, Pod: pod}
+	token := a.token(sub)
+	if stepUp {
+		token = a.stepUpToken(sub)
+	}
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	body := `{"reason":"chaos: ` + kind + ` by ` + sub + `"}`
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, "http://"+a.pods[pod].ApprovalAddr+"/v1/approvals/"+v.ID+"/"+kind, strings.NewReader(body))
 	if err == nil {
-		req.Header.Set("Authorization", "Bearer "+a.token(sub))
+		req.Header.Set("Authorization", "Bearer "+token)
 		req.Header.Set("Content-Type", "application/json")
 		var resp *http.Response
 		if resp, err = a.client.Do(req); err == nil {
@@ -163,7 +188,8 @@ func (a *Approvers) decide(ctx context.Context, pod int, sub string, v pendingVi
 
 // Run has n approvers (approver0..) decide what is pending until ctx ends:
 // each looks every few hundred milliseconds through a random pod and
-// mostly approves, sometimes denies, and sometimes acts as the requester.
+// mostly approves, sometimes denies, and sometimes acts as the requester,
+// with or without step-up.
 func (a *Approvers) Run(ctx context.Context, seed int64, n int) {
 	var wg sync.WaitGroup
 	for i := range n {
@@ -182,8 +208,10 @@ func (a *Approvers) Run(ctx context.Context, seed int64, n int) {
 						continue // not looked at this time
 					}
 					switch r := rng.IntN(100); {
-					case r < 8:
-						a.decide(ctx, pod, v.Requester, v, DecideApprove) // self-approval: refused
+					case r < 5:
+						a.decide(ctx, pod, v.Requester, v, DecideApprove) // self-approval without step-up: refused
+					case r < 9:
+						a.decideAs(ctx, pod, v.Requester, v, DecideApprove, true) // the requester, stepped up: counts
 					case r < 14:
 						a.decide(ctx, pod, sub, v, DecideDeny)
 					default:

@@ -84,14 +84,17 @@ func TestChaos(t *testing.T) {
 			if consumed == 0 {
 				t.Errorf("no approved transfer executed: invariant 7 tested nothing")
 			}
-			selfRefused := 0
+			selfRefused, steppedUp := 0, 0
 			for _, d := range res.History.Decisions {
-				if d.Self && d.Error == "approval_forbidden" {
+				if d.Self && !d.StepUp && d.Error == "insufficient_user_authentication" {
 					selfRefused++
 				}
+				if d.Self && d.StepUp && d.HTTP == 200 {
+					steppedUp++
+				}
 			}
-			if denied == 0 || selfRefused == 0 {
-				t.Logf("approvals: %d denied, %d self-approvals refused in this run", denied, selfRefused)
+			if denied == 0 || selfRefused == 0 || steppedUp == 0 {
+				t.Logf("approvals: %d denied, %d self-approvals without step-up refused, %d stepped-up requester approvals in this run", denied, selfRefused, steppedUp)
 			}
 		})
 	}

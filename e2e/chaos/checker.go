@@ -517,9 +517,11 @@ func sortedKeys[V any](m map[string]V) []string {
 // checkApprovals is invariant 7: a gated nonce (its previewed amount at
 // least h.ApprovalAtLeast) reaches the upstream only with exactly one
 // approval, CONSUMED before the call, approved by at least the configured
-// number of distinct approvers, none of them the requester, and denied by
-// nobody; a denied approval never runs; an approval is consumed at most
-// once, for its own nonce; idemgate refuses every self-approval.
+// number of distinct approvers, the requester among them only with step-up
+// recorded (acr StepUpACR, auth_time at most StepUpMaxAge before the
+// decision), and denied by nobody; a denied approval never runs; an
+// approval is consumed at most once, for its own nonce; idemgate refuses
+// every self-approval without step-up.
 func checkApprovals(h History, upByNonce map[string][]UpstreamCall, add func(int, string, string, ...any)) {
 	if h.ApprovalAtLeast == "" {
 		return
@@ -538,14 +540,14 @@ func checkApprovals(h History, upByNonce map[string][]UpstreamCall, add func(int
 			switch e.Kind {
 			case "approved":
 				approvers[e.Actor] = true
+				if e.Actor == a.Requester && !steppedUp(e) {
+					add(7, a.Key, "approval %s was approved by its requester %s without step-up (acr %q, auth_time %v)", a.ID, a.Requester, e.ACR, e.AuthTime)
+				}
 			case "denied":
 				denied = true
 			case "consumed":
 				consumed++
 			}
-		}
-		if approvers[a.Requester] {
-			add(7, a.Key, "approval %s was approved by its requester %s", a.ID, a.Requester)
 		}
 		if consumed > 1 {
 			add(7, a.Key, "approval %s was consumed %d times", a.ID, consumed)
@@ -612,8 +614,18 @@ func checkApprovals(h History, upByNonce map[string][]UpstreamCall, add func(int
 		}
 	}
 	for _, d := range h.Decisions {
-		if d.Self && d.Kind == DecideApprove && d.HTTP >= 200 && d.HTTP < 300 {
-			add(7, "", "approval %s: its requester %s approved it (HTTP %d)", d.ApprovalID, d.Approver, d.HTTP)
+		if d.Self && !d.StepUp && d.Kind == DecideApprove && d.HTTP >= 200 && d.HTTP < 300 {
+			add(7, "", "approval %s: its requester %s approved it without step-up (HTTP %d)", d.ApprovalID, d.Approver, d.HTTP)
 		}
 	}
+}
+
+// steppedUp reports whether an approved event records the run's step-up:
+// the listed acr and an auth_time recent enough when it was decided.
+func steppedUp(e ApprovalEvent) bool {
+	if e.ACR != StepUpACR || e.AuthTime == nil {
+		return false
+	}
+	age := e.At.Sub(*e.AuthTime)
+	return age <= StepUpMaxAge && age >= -time.Minute
 }

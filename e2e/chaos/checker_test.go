@@ -378,6 +378,30 @@ func TestInvariant7ApprovedByTheRequester(t *testing.T) {
 	requireOnly(t, h, "", 7)
 }
 
+// TestInvariant7RequesterStepUp (docs/design.md §13): the requester's
+// approval counts when it recorded the step-up, and is a violation when
+// the acr is another or the authentication was too old.
+func TestInvariant7RequesterStepUp(t *testing.T) {
+	stepped := func(acr string, age time.Duration) History {
+		h := gatedHistory()
+		e := &h.Approvals[0].Events[2]
+		authTime := e.At.Add(-age)
+		e.Actor, e.ACR, e.AuthTime = "alice", acr, &authTime
+		h.Decisions[2] = Decision{At: at(16), Approver: "alice", ApprovalID: "apr_a", Kind: DecideApprove, Self: true, StepUp: true, HTTP: 200}
+		return h
+	}
+	requireOnly(t, stepped(StepUpACR, time.Minute), "", 0)
+	requireOnly(t, stepped("urn:other", time.Minute), nonceA, 7)
+	requireOnly(t, stepped(StepUpACR, StepUpMaxAge+time.Minute), nonceA, 7)
+	h := stepped(StepUpACR, time.Minute)
+	h.Approvals[0].Events[2].AuthTime = nil
+	requireOnly(t, h, nonceA, 7)
+	// A stepped-up decision the API refused is no violation either.
+	h = gatedHistory()
+	h.Decisions = append(h.Decisions, Decision{At: at(17), Approver: "alice", ApprovalID: "apr_a", Kind: DecideApprove, Self: true, StepUp: true, HTTP: 409})
+	requireOnly(t, h, "", 0)
+}
+
 func TestInvariant7ExecutedBeforeConsumed(t *testing.T) {
 	h := gatedHistory()
 	h.Approvals[0].Events[3].At = at(30) // after the upstream call at 25

@@ -155,6 +155,10 @@ type ApprovalRow struct {
 type ApprovalEvent struct {
 	Kind, Actor string
 	At          time.Time
+	// ACR and AuthTime are how the deciding person authenticated (nil
+	// AuthTime: the token did not say).
+	ACR      string
+	AuthTime *time.Time
 }
 
 // History is everything one run recorded, the checker's only input.

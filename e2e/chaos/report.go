@@ -83,6 +83,9 @@ func Report(h History, vs []Violation, opts Options, took time.Duration) string 
 		name := d.Kind
 		if d.Self {
 			name = "self_" + name
+			if d.StepUp {
+				name = "stepped_up_" + name
+			}
 		}
 		switch {
 		case d.Err != "":

@@ -352,7 +352,7 @@ func (tp *Topology) Approvals(ctx context.Context) ([]ApprovalRow, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	ev, err := tp.pool.Query(ctx, `SELECT approval_id, kind, coalesce(actor, ''), at FROM approval_event ORDER BY event_id`)
+	ev, err := tp.pool.Query(ctx, `SELECT approval_id, kind, coalesce(actor, ''), at, acr, auth_time FROM approval_event ORDER BY event_id`)
 	if err != nil {
 		return nil, fmt.Errorf("failed to read the approval events: %w", err)
 	}
@@ -360,7 +360,7 @@ func (tp *Topology) Approvals(ctx context.Context) ([]ApprovalRow, error) {
 	for ev.Next() {
 		var id string
 		var e ApprovalEvent
-		if err := ev.Scan(&id, &e.Kind, &e.Actor, &e.At); err != nil {
+		if err := ev.Scan(&id, &e.Kind, &e.Actor, &e.At, &e.ACR, &e.AuthTime); err != nil {
 			return nil, err
 		}
 		if i, ok := index[id]; ok {

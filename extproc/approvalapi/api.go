@@ -10,8 +10,11 @@
 // Every call carries Authorization: Bearer <approver JWT>, verified against
 // the approvers.jwt of the approval's operation; the approver is the
 // token's sub and nothing else: no field an agent wrote names anyone.
-// Answers: 401 without a valid token, 403 approval_forbidden for a
-// self-approval under distinct_from_requester (the requester may deny),
+// Answers: 401 without a valid token, 401 insufficient_user_authentication
+// with the RFC 9470 challenge when the requester approves under
+// requester_step_up with a token not strong or fresh enough (stepup.go),
+// 403 approval_forbidden for a self-approval under distinct_from_requester
+// without step-up (the requester may deny),
 // 404 for an unknown id (or one of an operation the token is not for),
 // 409 when the approval is not pending, 400 for an empty reason; an
 // approver who already approved gets 200 and counts once. A store failure
@@ -78,6 +81,8 @@ type Options struct {
 	// Like the confirm stream's spans it carries ids and states, never the
 	// approver, the requester or a parameter value.
 	Tracer trace.Tracer
+	// Now is the clock of step-up's max_auth_age (time.Now when nil).
+	Now func() time.Time
 }
 
 // Handler serves the API.
@@ -118,7 +123,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Verify first: without a valid token nothing is said, not even 404.
-	subject, ops, keysDown := h.authenticate(r)
+	who, ops, keysDown := h.authenticate(r)
 	if len(ops) == 0 {
 		if keysDown {
 			w.Header().Set("Retry-After", "5")
@@ -133,7 +138,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotFound, "not_found", "no such endpoint")
 			return
 		}
-		h.page(w, r, pageID, subject, ops)
+		h.page(w, r, pageID, who, ops)
 		return
 	}
 	switch parts := strings.Split(strings.Trim(rest, "/"), "/"); {
@@ -154,23 +159,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use POST")
 			return
 		}
-		h.decide(w, r, parts[0], parts[1] == "approve", subject, ops)
+		h.decide(w, r, parts[0], parts[1] == "approve", who, ops)
 	default:
 		writeError(w, http.StatusNotFound, "not_found", "no such endpoint")
 	}
 }
 
 // authenticate verifies the bearer token against every gated operation's
-// approvers.jwt and returns the approver and the operations it may decide.
+// approvers.jwt and returns the approver's claims (Subject is the approver)
+// and the operations it may decide.
 // keysDown: no verifier accepted it and some could not fetch their keys
 // (a remote JWKS that is down and not cached), which is no verdict on the
 // token.
-func (h *Handler) authenticate(r *http.Request) (subject string, ops map[string]bool, keysDown bool) {
+func (h *Handler) authenticate(r *http.Request) (who approver.Claims, ops map[string]bool, keysDown bool) {
 	auth := r.Header.Get("Authorization")
 	scheme, token, found := strings.Cut(auth, " ")
 	if !found || !strings.EqualFold(scheme, "bearer") || strings.TrimSpace(token) == "" {
 		h.report(r, security.Event{Reason: ReasonApproverToken, Request: "no bearer token"})
-		return "", nil, false
+		return who, nil, false
 	}
 	token = strings.TrimSpace(token)
 	ops = map[string]bool{}
@@ -190,17 +196,19 @@ func (h *Handler) authenticate(r *http.Request) (subject string, ops map[string]
 			lastErr = err
 			continue
 		}
-		if subject != "" && c.Subject != subject {
+		if who.Subject != "" && c.Subject != who.Subject {
 			continue
 		}
-		subject = c.Subject
+		if who.Subject == "" {
+			who = c
+		}
 		ops[name] = true
 	}
 	if len(ops) == 0 && lastErr != nil {
 		h.report(r, security.Event{Reason: ReasonApproverToken, Request: quoteCut(lastErr.Error())})
 		keysDown = false
 	}
-	return subject, ops, keysDown
+	return who, ops, keysDown
 }
 
 func (h *Handler) report(r *http.Request, e security.Event) {
@@ -260,7 +268,7 @@ func (h *Handler) show(w http.ResponseWriter, r *http.Request, id string, ops ma
 	}
 }
 
-func (h *Handler) decide(w http.ResponseWriter, r *http.Request, id string, approve bool, subject string, ops map[string]bool) {
+func (h *Handler) decide(w http.ResponseWriter, r *http.Request, id string, approve bool, who approver.Claims, ops map[string]bool) {
 	// Only application/json: a form on another site can post text/plain
 	// that parses as JSON through the approver's SSO session, but cannot
 	// send application/json without a CORS preflight, which is never
@@ -300,7 +308,13 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, id string, appr
 		writeError(w, http.StatusNotFound, "not_found", "no such approval")
 		return
 	}
-	out, after, err := h.makeDecision(r, state.Decision{ID: id, Approver: subject, Approve: approve, Reason: body.Reason}, "api")
+	d, stepUpNeeded := h.decision(&a, who, approve, body.Reason)
+	if stepUpNeeded != nil {
+		h.askStepUp(w, r, &a, stepUpNeeded)
+		writeError(w, http.StatusUnauthorized, "insufficient_user_authentication", "you requested this operation: approving it yourself needs a stronger or more recent authentication ("+stepUpNeeded.describe()+"); authenticate again and retry")
+		return
+	}
+	out, after, err := h.makeDecision(r, d, "api")
 	if err != nil {
 		h.storeFailed(w, "decide approval", err)
 		return
@@ -423,6 +437,11 @@ type DecisionView struct {
 	Decision string    `json:"decision"`
 	Reason   string    `json:"reason"`
 	At       time.Time `json:"at"`
+	// How the approver authenticated, when their token said
+	// (docs/design.md §13).
+	ACR      string     `json:"acr,omitempty"`
+	AMR      []string   `json:"amr,omitempty"`
+	AuthTime *time.Time `json:"auth_time,omitempty"`
 }
 
 // ViewOf renders a.
@@ -439,7 +458,12 @@ func ViewOf(a *state.Approval) View {
 			if e.Kind == state.EventDenied {
 				d = "deny"
 			}
-			v.Decisions = append(v.Decisions, DecisionView{Approver: e.Actor, Decision: d, Reason: e.Reason, At: e.At.UTC()})
+			dv := DecisionView{Approver: e.Actor, Decision: d, Reason: e.Reason, At: e.At.UTC(), ACR: e.ACR, AMR: e.AMR}
+			if !e.AuthTime.IsZero() {
+				at := e.AuthTime.UTC()
+				dv.AuthTime = &at
+			}
+			v.Decisions = append(v.Decisions, dv)
 		}
 	}
 	return v

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemgate/idemgate/extproc/approver"
 	"github.com/idemgate/idemgate/extproc/security"
 	"github.com/idemgate/idemgate/state"
 )
@@ -36,15 +37,16 @@ table{border-collapse:collapse}td,th{border:1px solid #999;padding:.3rem .6rem;t
 <h1>Approve {{.View.Operation}}?</h1>
 {{if .Error}}<p class="error" id="error">{{.Error}}</p>{{end}}
 <p>State: <span class="state" id="state">{{.View.State}}</span> · requested by <span id="requester">{{.View.Requester}}</span>
- at {{.Created}} · lapses at {{.Expires}} · needs {{.View.Required}} approver(s)</p>
+ at <span id="created">{{.Created}}</span> · lapses at <span id="expires">{{.Expires}}</span> · needs {{.View.Required}} approver(s)</p>
 <h2>What will run</h2>
 <table id="params"><tr><th>parameter</th><th>value</th></tr>
 {{range .Params}}<tr><td>{{.Path}}</td><td>{{.Value}}</td></tr>{{end}}</table>
 <h2>Why it needs approval</h2>
 <ul id="rules">{{range .View.Rules}}<li>{{.}}</li>{{end}}</ul>
 <h2>Decisions</h2>
-<ul id="decisions">{{range .View.Decisions}}<li>{{.Approver}}: {{.Decision}} — {{.Reason}}</li>{{else}}<li>none yet</li>{{end}}</ul>
-{{if .Pending}}<form method="post" action="/approvals/{{.View.ApprovalID}}">
+<ul id="decisions">{{range .View.Decisions}}<li>{{.Approver}}: {{.Decision}} — {{.Reason}}{{if .ACR}} (authenticated {{.ACR}}){{end}}</li>{{else}}<li>none yet</li>{{end}}</ul>
+{{if .Decided}}<p id="return"><b>Your decision is recorded. Return to your agent:</b> {{if eq .View.State "approved"}}it runs the operation when it calls again (an agent that opened this page from its client continues by itself).{{else}}nothing will run.{{end}}</p>{{end}}
+{{if and .Pending .CSRF}}<form method="post" action="/approvals/{{.View.ApprovalID}}">
 <input type="hidden" name="csrf" value="{{.CSRF}}">
 <p>You are <b id="approver">{{.Approver}}</b>.</p>
 <p><label>Reason <textarea name="reason" id="reason" required rows="3" cols="60"></textarea></label></p>
@@ -60,7 +62,7 @@ type pageData struct {
 	View             View
 	Params           []pageParam
 	Created, Expires string
-	Pending          bool
+	Pending, Decided bool
 	Approver, CSRF   string
 	Error            string
 }
@@ -78,21 +80,30 @@ func bearerOf(r *http.Request) string {
 }
 
 // page serves /approvals/{id}.
-func (h *Handler) page(w http.ResponseWriter, r *http.Request, id, subject string, ops map[string]bool) {
+func (h *Handler) page(w http.ResponseWriter, r *http.Request, id string, who approver.Claims, ops map[string]bool) {
 	switch r.Method {
 	case http.MethodGet:
 		a, ok := h.get(w, r, id, ops)
-		if ok {
-			h.renderPage(w, http.StatusOK, &a, subject, csrfToken(bearerOf(r), id), "")
+		if !ok {
+			return
 		}
+		if need := h.stepUpFor(&a, who); need != nil && a.State == state.ApprovalPending {
+			// The requester may decide here only once stepped up: the
+			// SSO proxy (or the agent's client) authenticates them again.
+			h.askStepUp(w, r, &a, need)
+			h.renderPage(w, http.StatusUnauthorized, &a, who.Subject, "", "You requested this operation. To approve it yourself, sign in again with a stronger or more recent authentication ("+need.describe()+").")
+			return
+		}
+		h.renderPage(w, http.StatusOK, &a, who.Subject, csrfToken(bearerOf(r), id), "")
 	case http.MethodPost:
-		h.pageDecide(w, r, id, subject, ops)
+		h.pageDecide(w, r, id, who, ops)
 	default:
 		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use GET or POST")
 	}
 }
 
-func (h *Handler) pageDecide(w http.ResponseWriter, r *http.Request, id, subject string, ops map[string]bool) {
+func (h *Handler) pageDecide(w http.ResponseWriter, r *http.Request, id string, who approver.Claims, ops map[string]bool) {
+	subject := who.Subject
 	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 	if err := r.ParseForm(); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_body", "a form with decision, reason and csrf is expected")
@@ -122,7 +133,13 @@ func (h *Handler) pageDecide(w http.ResponseWriter, r *http.Request, id, subject
 		h.renderPage(w, http.StatusBadRequest, &a, subject, want, "A decision needs a reason.")
 		return
 	}
-	out, after, err := h.makeDecision(r, state.Decision{ID: id, Approver: subject, Approve: approve, Reason: reason}, "page")
+	d, need := h.decision(&a, who, approve, reason)
+	if need != nil {
+		h.askStepUp(w, r, &a, need)
+		h.renderPage(w, http.StatusUnauthorized, &a, subject, "", "You requested this operation. To approve it yourself, sign in again with a stronger or more recent authentication ("+need.describe()+"). Nothing was decided.")
+		return
+	}
+	out, after, err := h.makeDecision(r, d, "page")
 	if err != nil {
 		h.storeFailed(w, "decide approval", err)
 		return
@@ -143,6 +160,7 @@ func (h *Handler) renderPage(w http.ResponseWriter, status int, a *state.Approva
 	v := ViewOf(a)
 	d := pageData{
 		View: v, Params: flatten("", v.Params), Pending: a.State == state.ApprovalPending,
+		Decided: a.State == state.ApprovalApproved || a.State == state.ApprovalDenied,
 		Created: v.CreatedAt.Format(time.RFC3339), Expires: v.ExpiresAt.Format(time.RFC3339),
 		Approver: approver, CSRF: csrf, Error: msg,
 	}

@@ -21,6 +21,8 @@ import (
 	"math/big"
 	"strings"
 	"time"
+
+	"github.com/idemgate/idemgate/internal/jsonx"
 )
 
 // ErrInvalidToken is wrapped by every verification failure.
@@ -157,6 +159,12 @@ type Verifier struct {
 type Claims struct {
 	Subject string
 	Expiry  time.Time
+	// ACR, AMR and AuthTime say how and when the person authenticated
+	// (OpenID Connect Core §2; RFC 9470 step-up): empty and zero when the
+	// token does not say.
+	ACR      string
+	AMR      []string
+	AuthTime time.Time
 }
 
 // Verify checks token and returns its claims, or an error wrapping
@@ -175,6 +183,11 @@ func (v *Verifier) Verify(token string) (Claims, error) {
 		Alg  string `json:"alg"`
 		Kid  string `json:"kid"`
 		Crit []any  `json:"crit"`
+	}
+	if jsonx.Check(hb) != nil {
+		// A duplicate member (two algs, two kids) is read differently by
+		// different parsers: refused, as every JSON idemgate reads.
+		return Claims{}, fmt.Errorf("%w: header is not strict JSON", ErrInvalidToken)
 	}
 	if err := json.Unmarshal(hb, &hdr); err != nil {
 		return Claims{}, fmt.Errorf("%w: bad header", ErrInvalidToken)
@@ -225,6 +238,14 @@ func (v *Verifier) Verify(token string) (Claims, error) {
 		Aud json.RawMessage `json:"aud"`
 		Exp *float64        `json:"exp"`
 		Nbf *float64        `json:"nbf"`
+		ACR *string         `json:"acr"`
+		AMR []string        `json:"amr"`
+		// AuthTime is a pointer so that 0 (1970) stays distinguishable
+		// from absent; both are too old for any step-up.
+		AuthTime *float64 `json:"auth_time"`
+	}
+	if jsonx.Check(pb) != nil {
+		return Claims{}, fmt.Errorf("%w: payload is not strict JSON (a duplicate claim?)", ErrInvalidToken)
 	}
 	if err := json.Unmarshal(pb, &c); err != nil {
 		return Claims{}, fmt.Errorf("%w: bad payload", ErrInvalidToken)
@@ -254,7 +275,14 @@ func (v *Verifier) Verify(token string) (Claims, error) {
 			return Claims{}, fmt.Errorf("%w: not valid before %s", ErrInvalidToken, nbf.UTC().Format(time.RFC3339))
 		}
 	}
-	return Claims{Subject: c.Sub, Expiry: exp}, nil
+	out := Claims{Subject: c.Sub, Expiry: exp, AMR: c.AMR}
+	if c.ACR != nil {
+		out.ACR = *c.ACR
+	}
+	if c.AuthTime != nil {
+		out.AuthTime = time.Unix(int64(*c.AuthTime), 0)
+	}
+	return out, nil
 }
 
 func hasAudience(raw json.RawMessage, want string) bool {

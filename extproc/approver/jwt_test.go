@@ -196,3 +196,35 @@ func TestRemoteJWKSCachesAndRefreshesOnRotation(t *testing.T) {
 	require.ErrorIs(t, err, ErrKeysUnavailable)
 	require.NotErrorIs(t, err, ErrInvalidToken)
 }
+
+// TestVerifyStepUpClaims: acr, amr and auth_time come through as the token
+// says; a payload with a claim twice (read differently by different
+// parsers) is refused.
+func TestVerifyStepUpClaims(t *testing.T) {
+	_, _, ed, jwks := testKeys(t)
+	set, err := ParseJWKS(jwks)
+	require.NoError(t, err)
+	now := time.Unix(1_800_000_000, 0)
+	v := &Verifier{Issuer: "https://idp.example", Audience: "a", Keys: set, Now: func() time.Time { return now }}
+	tok := sign(t, "EdDSA", "ed", ed, map[string]any{"iss": "https://idp.example", "aud": "a", "sub": "alice",
+		"exp": now.Add(time.Minute).Unix(), "acr": "urn:example:sca", "amr": []string{"hwk", "pin"}, "auth_time": now.Add(-time.Minute).Unix()})
+	c, err := v.Verify(tok)
+	require.NoError(t, err)
+	require.Equal(t, "urn:example:sca", c.ACR)
+	require.Equal(t, []string{"hwk", "pin"}, c.AMR)
+	require.True(t, c.AuthTime.Equal(now.Add(-time.Minute)))
+
+	plain := sign(t, "EdDSA", "ed", ed, map[string]any{"iss": "https://idp.example", "aud": "a", "sub": "alice", "exp": now.Add(time.Minute).Unix()})
+	c, err = v.Verify(plain)
+	require.NoError(t, err)
+	require.Empty(t, c.ACR)
+	require.True(t, c.AuthTime.IsZero())
+
+	// The same signature scheme over a payload with "sub" twice.
+	h := enc.EncodeToString([]byte(`{"alg":"EdDSA","kid":"ed"}`))
+	p := enc.EncodeToString(fmt.Appendf(nil, `{"iss":"https://idp.example","aud":"a","sub":"bob","sub":"alice","exp":%d}`, now.Add(time.Minute).Unix()))
+	dup := h + "." + p + "." + enc.EncodeToString(ed25519.Sign(ed, []byte(h+"."+p)))
+	_, err = v.Verify(dup)
+	require.ErrorIs(t, err, ErrInvalidToken)
+	require.ErrorContains(t, err, "not strict JSON")
+}

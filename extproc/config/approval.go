@@ -21,6 +21,11 @@ type ApprovalSpec struct {
 	Approvers ApproversSpec      `yaml:"approvers"`
 	TTL       string             `yaml:"ttl"`
 	Notify    *NotifySpec        `yaml:"notify"`
+	// PublicURL is the approvers' page as people reach it
+	// (https://approvals.example.com): every approval_pending answer then
+	// carries approval_url, and MCP clients that show URLs get an input
+	// request (docs/design.md §13).
+	PublicURL string `yaml:"public_url"`
 }
 
 // NotifySpec says who is told of a new approval: a webhook whose URL and
@@ -63,6 +68,24 @@ type ApproversSpec struct {
 	JWT                   *ApproverJWTSpec `yaml:"jwt"`
 	DistinctFromRequester *bool            `yaml:"distinct_from_requester"`
 	Required              *int             `yaml:"required"`
+	// RequesterStepUp lets the requester approve their own operation with
+	// a token that is strong and fresh enough (docs/design.md §13).
+	RequesterStepUp *StepUpSpec `yaml:"requester_step_up"`
+}
+
+// StepUpSpec is what makes a requester's own approval count: a token whose
+// acr is listed (or whose amr holds a listed method) and whose auth_time is
+// at most MaxAuthAge old.
+type StepUpSpec struct {
+	ACR        []string `yaml:"acr"`
+	AMR        []string `yaml:"amr"`
+	MaxAuthAge string   `yaml:"max_auth_age"`
+}
+
+// StepUpSettings is the compiled requester_step_up.
+type StepUpSettings struct {
+	ACR, AMR   []string
+	MaxAuthAge time.Duration
 }
 
 // ApproverJWTSpec is how an approver's bearer token is verified.
@@ -105,6 +128,21 @@ type ApprovalSettings struct {
 	TTL time.Duration
 	// Notify is the webhook told of each new approval (nil: none).
 	Notify *NotifySettings
+	// PublicURL is the approvers' page as people reach it, without a
+	// trailing slash ("" when not configured).
+	PublicURL string
+	// StepUp, when set, lets the requester approve with a strong, fresh
+	// token (and only with one).
+	StepUp *StepUpSettings
+}
+
+// ApprovalURL is where a person decides approval id ("" without
+// public_url).
+func (a *ApprovalSettings) ApprovalURL(id string) string {
+	if a == nil || a.PublicURL == "" {
+		return ""
+	}
+	return a.PublicURL + "/approvals/" + url.PathEscape(id)
 }
 
 // ApprovalRule is one compiled rule: AtLeast is set for {param, at_least},
@@ -208,6 +246,11 @@ func (c *compiler) approval(op *Operation, a *ApprovalSpec, at func(...any) []an
 	}
 	out.Verifier, out.JWKSFile = c.approverJWT(a.Approvers.JWT, func(segs ...any) []any { return base(append([]any{"approvers", "jwt"}, segs...)...) })
 	out.TTL = c.duration(base("ttl"), a.TTL, DurationRule{Default: DefaultApprovalTTL})
+	out.StepUp = c.stepUp(a.Approvers.RequesterStepUp, func(segs ...any) []any { return base(append([]any{"approvers", "requester_step_up"}, segs...)...) })
+	if out.StepUp != nil && !out.DistinctFromRequester {
+		c.errorf(base("approvers", "requester_step_up"), "has no effect with distinct_from_requester: false (the requester may approve anyway); remove one of them")
+	}
+	out.PublicURL = c.publicURL(a.PublicURL, base("public_url"))
 	if a.Notify != nil {
 		out.Notify = c.notify(a.Notify, func(segs ...any) []any { return base(append([]any{"notify"}, segs...)...) })
 	}
@@ -262,6 +305,74 @@ func (c *compiler) approverJWT(j *ApproverJWTSpec, at func(...any) []any) (*appr
 	}
 	v.Keys = keys
 	return v, j.JWKSFile
+}
+
+// Bounds of requester_step_up.
+const (
+	DefaultMaxAuthAge = 5 * time.Minute
+	MaxMaxAuthAge     = time.Hour
+)
+
+func (c *compiler) stepUp(s *StepUpSpec, at func(...any) []any) *StepUpSettings {
+	if s == nil {
+		return nil
+	}
+	out := &StepUpSettings{}
+	if len(s.ACR) == 0 && len(s.AMR) == 0 {
+		c.errorf(at(), "required: acr (the listed authentication context classes) or amr (methods), e.g. acr: [\"urn:example:psd2:sca\"]")
+	}
+	list := func(key string, vals []string) []string {
+		seen := map[string]bool{}
+		for j, v := range vals {
+			switch {
+			case !stepUpValue(v):
+				c.errorf(at(key, j), "invalid value %q: 1-128 visible ASCII characters, no spaces, quotes or backslashes (it is sent in WWW-Authenticate)", v)
+			case seen[v]:
+				c.errorf(at(key, j), "%s is listed twice", v)
+			}
+			seen[v] = true
+		}
+		return append([]string(nil), vals...)
+	}
+	out.ACR, out.AMR = list("acr", s.ACR), list("amr", s.AMR)
+	out.MaxAuthAge = c.duration(at("max_auth_age"), s.MaxAuthAge, DurationRule{Default: DefaultMaxAuthAge})
+	if out.MaxAuthAge > MaxMaxAuthAge {
+		c.errorf(at("max_auth_age"), "%s is too long (at most %s): step-up asks for a fresh authentication", out.MaxAuthAge, MaxMaxAuthAge)
+	}
+	return out
+}
+
+func stepUpValue(v string) bool {
+	if v == "" || len(v) > 128 {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if ch := v[i]; ch <= ' ' || ch > '~' || ch == '"' || ch == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
+// publicURL checks approval.public_url: https (or http on a loopback host)
+// with a host, no query or fragment; the trailing slash is dropped.
+func (c *compiler) publicURL(s string, at []any) string {
+	if s == "" {
+		return ""
+	}
+	u, err := url.Parse(s)
+	switch {
+	case err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") || u.User != nil:
+		c.errorf(at, "invalid URL %q: the approvers' page as people reach it, e.g. https://approvals.example.com", s)
+		return ""
+	case u.RawQuery != "" || u.Fragment != "" || strings.HasSuffix(s, "?") || strings.HasSuffix(s, "#"):
+		c.errorf(at, "%s: no query or fragment (approval URLs are <public_url>/approvals/<id>)", s)
+		return ""
+	case u.Scheme == "http" && !loopbackHost(u.Hostname()):
+		c.errorf(at, "%s: plain http is accepted for a loopback host only; people authenticate on this page", s)
+		return ""
+	}
+	return strings.TrimRight(s, "/")
 }
 
 // notifyStandIn is the secret of an offline check: well-formed, public,
@@ -408,6 +519,12 @@ func (a *ApprovalSettings) summary() string {
 	notify := ""
 	if a.Notify != nil {
 		notify = "; notify webhook (" + a.Notify.Source + ")"
+	}
+	if a.StepUp != nil && a.DistinctFromRequester {
+		four += fmt.Sprintf(" unless stepped up (acr %s, amr %s, auth within %s)", strings.Join(a.StepUp.ACR, " "), strings.Join(a.StepUp.AMR, " "), a.StepUp.MaxAuthAge)
+	}
+	if a.PublicURL != "" {
+		notify += "; page " + a.PublicURL
 	}
 	return fmt.Sprintf("when %s; %d approver(s), %s; ttl %s; tokens iss %s aud %s from %s (leeway %s)%s",
 		strings.Join(rules, " or "), a.Required, four, a.TTL, a.Verifier.Issuer, a.Verifier.Audience, a.JWKSFile, a.Verifier.Leeway, notify)

@@ -242,3 +242,70 @@ func TestApprovalNotify(t *testing.T) {
 	_, _, err = Parse("approval.yaml", block("MISSING", "HOOK_SECRET"), "", o)
 	require.ErrorContains(t, err, "environment variable MISSING (the approval webhook URL) is not set")
 }
+
+// TestApprovalStepUpAndPublicURL (docs/design.md §13): requester_step_up
+// and public_url compile, and bad values are refused with their lines.
+func TestApprovalStepUpAndPublicURL(t *testing.T) {
+	rt, _, err := Parse("approval.yaml", []byte(approvalHead+`    approval:
+      rules: [{param: amount, at_least: "1000.00"}]
+      public_url: https://approvals.example.com/
+      approvers:
+        jwt: {issuer: https://idp.example, audience: a, jwks_file: /etc/idemgate/approvers.jwks}
+        requester_step_up: {acr: ["urn:example:sca"], amr: [hwk]}
+`), "", approvalOptions())
+	require.NoError(t, err)
+	a := rt.Operations[0].Approval
+	require.Equal(t, "https://approvals.example.com", a.PublicURL)
+	require.Equal(t, "https://approvals.example.com/approvals/apr_1", a.ApprovalURL("apr_1"))
+	require.Equal(t, &StepUpSettings{ACR: []string{"urn:example:sca"}, AMR: []string{"hwk"}, MaxAuthAge: DefaultMaxAuthAge}, a.StepUp)
+	var b strings.Builder
+	require.NoError(t, rt.WriteSummary(&b, ProcessSummary{}))
+	require.Contains(t, b.String(), "not the requester unless stepped up (acr urn:example:sca, amr hwk, auth within 5m0s)")
+	require.Contains(t, b.String(), "; page https://approvals.example.com\n")
+
+	for _, tc := range []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"step-up values", `    approval:
+      rules: [{param: amount, at_least: "1"}]
+      approvers:
+        jwt: {issuer: https://idp.example, audience: a, jwks_file: /etc/idemgate/approvers.jwks}
+        requester_step_up: {acr: ["a b", x, x], amr: ['q"'], max_auth_age: 2h}
+`, []string{
+			"approval.yaml:17:35: operations[0].approval.approvers.requester_step_up.acr[0]: invalid value \"a b\": 1-128 visible ASCII characters, no spaces, quotes or backslashes (it is sent in WWW-Authenticate)",
+			"approval.yaml:17:45: operations[0].approval.approvers.requester_step_up.acr[2]: x is listed twice",
+			"approval.yaml:17:55: operations[0].approval.approvers.requester_step_up.amr[0]: invalid value \"q\\\"\": 1-128 visible ASCII characters, no spaces, quotes or backslashes (it is sent in WWW-Authenticate)",
+			"approval.yaml:17:76: operations[0].approval.approvers.requester_step_up.max_auth_age: 2h0m0s is too long (at most 1h0m0s): step-up asks for a fresh authentication",
+		}},
+		{"step-up empty, four eyes off, bad url", `    approval:
+      rules: [{param: amount, at_least: "1"}]
+      public_url: http://approvals.example.com/x?y=1
+      approvers:
+        jwt: {issuer: https://idp.example, audience: a, jwks_file: /etc/idemgate/approvers.jwks}
+        distinct_from_requester: false
+        requester_step_up: {}
+`, []string{
+			"approval.yaml:19:28: operations[0].approval.approvers.requester_step_up: required: acr (the listed authentication context classes) or amr (methods), e.g. acr: [\"urn:example:psd2:sca\"]",
+			"approval.yaml:19:28: operations[0].approval.approvers.requester_step_up: has no effect with distinct_from_requester: false (the requester may approve anyway); remove one of them",
+			"approval.yaml:15:19: operations[0].approval.public_url: http://approvals.example.com/x?y=1: no query or fragment (approval URLs are <public_url>/approvals/<id>)",
+		}},
+		{"plain http url", `    approval:
+      rules: [{param: amount, at_least: "1"}]
+      public_url: http://approvals.example.com
+      approvers: {jwt: {issuer: https://idp.example, audience: a, jwks_file: /etc/idemgate/approvers.jwks}}
+`, []string{
+			"approval.yaml:15:19: operations[0].approval.public_url: http://approvals.example.com: plain http is accepted for a loopback host only; people authenticate on this page",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := Parse("approval.yaml", []byte(approvalHead+tc.yaml), "", approvalOptions())
+			require.Error(t, err)
+			var got []string
+			for _, e := range unjoin(err) {
+				got = append(got, e.Error())
+			}
+			require.Equal(t, tc.want, got)
+		})
+	}
+}

@@ -80,7 +80,7 @@ var catalogues = map[string]map[Message]Text{
 
 		ApprovalPending: {
 			Meaning:     "This operation needs a person's approval before it runs. The request for approval has been sent; nothing was executed yet.",
-			Instruction: "Do not start a new preview and do not change the parameters. Tell the user that the operation awaits approval. Wait {poll_after_seconds} seconds, then call {status_tool} with the same fingerprint; once it says approval_granted, call this tool again with the same fingerprint and parameters.",
+			Instruction: "Do not start a new preview and do not change the parameters. Tell the user that the operation awaits approval; when approval_url is given, show the user that link (the approval page). Wait {poll_after_seconds} seconds, then call {status_tool} with the same fingerprint; once it says approval_granted, call this tool again with the same fingerprint and parameters.",
 		},
 		ApprovalDenied: {
 			Meaning:     "A person denied this operation. It was not executed and will not be.",
@@ -219,7 +219,7 @@ var catalogues = map[string]map[Message]Text{
 
 		ApprovalPending: {
 			Meaning:     "该操作需要人工审批后才能执行，审批请求已发出，目前尚未执行。",
-			Instruction: "不要重新预览，也不要修改参数。告诉用户该操作正在等待审批。等待 {poll_after_seconds} 秒后，用同一个指纹调用 {status_tool}；当它返回 approval_granted 时，再用同一个指纹和参数调用本工具。",
+			Instruction: "不要重新预览，也不要修改参数。告诉用户该操作正在等待审批；如果给出了 approval_url，把该链接（审批页面）告诉用户。等待 {poll_after_seconds} 秒后，用同一个指纹调用 {status_tool}；当它返回 approval_granted 时，再用同一个指纹和参数调用本工具。",
 		},
 		ApprovalDenied: {
 			Meaning:     "该操作已被人工拒绝，没有执行，也不会执行。",

@@ -331,6 +331,9 @@ type Extra struct {
 	Detail string
 	// ApprovalID names the approval of an approval_* answer.
 	ApprovalID string
+	// ApprovalURL is where a person decides it (approval.public_url;
+	// docs/design.md §13), "" when not configured.
+	ApprovalURL string
 }
 
 // Rendered is one envelope ready to send.
@@ -390,6 +393,10 @@ func (s *Set) RenderTo(dst []byte, m Message, traceID string, originalStatus int
 	if x.ApprovalID != "" {
 		b = append(b, `,"approval_id":`...)
 		b = AppendString(b, x.ApprovalID)
+	}
+	if x.ApprovalURL != "" {
+		b = append(b, `,"approval_url":`...)
+		b = AppendString(b, x.ApprovalURL)
 	}
 	if x.HasResult {
 		b = append(b, `,"result_ref":`...)

@@ -58,7 +58,7 @@ func TestParseRequest(t *testing.T) {
 	require.Equal(t, `7`, string(req.ID))
 	require.Equal(t, `{"a":1}`, string(req.Arguments))
 
-	fwd := ForwardBody(req, []byte(`{"a":1,"fingerprint":"f"}`), "fingerprint")
+	fwd := ForwardBody(req, []byte(`{"a":1,"fingerprint":"f"}`), "fingerprint", false)
 	require.Equal(t, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"transfer_confirm","arguments":{"a":1},"_meta":{"k":"v"}}}`, string(fwd))
 }
 

@@ -185,9 +185,11 @@ func CheckBatch(body []byte, guarded func(name string) bool) *Fault {
 
 // ForwardBody is the request body of an acquired confirm for the upstream:
 // the fingerprint field leaves the arguments (a strict upstream schema
-// would refuse the unknown argument) and meta members are set in
-// params._meta. Every other byte of the message keeps its place.
-func ForwardBody(req Request, args []byte, fingerprintField string, meta ...jsonx.Set) []byte {
+// would refuse the unknown argument), meta members are set in
+// params._meta and, when stripInput, idemgate's own inputResponses and
+// requestState leave params (docs/design.md §13: the upstream never sees
+// them). Every other byte of the message keeps its place.
+func ForwardBody(req Request, args []byte, fingerprintField string, stripInput bool, meta ...jsonx.Set) []byte {
 	set := []jsonx.Set{{Key: "arguments", Raw: jsonx.Edit(args, []string{fingerprintField})}}
 	if len(meta) > 0 {
 		m := jsonx.Lookup(req.msg.Inner, "_meta")
@@ -196,5 +198,9 @@ func ForwardBody(req Request, args []byte, fingerprintField string, meta ...json
 		}
 		set = append(set, jsonx.Set{Key: "_meta", Raw: jsonx.Edit(m, nil, meta...)})
 	}
-	return jsonx.EditMembers(req.msg.Members, nil, jsonx.Set{Key: "params", Raw: jsonx.EditMembers(req.msg.Inner, nil, set...)})
+	var remove []string
+	if stripInput {
+		remove = []string{memberInputResponses, memberRequestState}
+	}
+	return jsonx.EditMembers(req.msg.Members, nil, jsonx.Set{Key: "params", Raw: jsonx.EditMembers(req.msg.Inner, remove, set...)})
 }

@@ -40,6 +40,10 @@ const (
 	// ReasonAmbiguousValue: a bound value that mainstream parsers read
 	// differently (negative zero, 1E400, U+0000...), refused likewise.
 	ReasonAmbiguousValue = "ambiguous_value"
+	// ReasonRequestState: an MCP retry carried a requestState idemgate did
+	// not seal, or sealed for another nonce, subject or approval, or one
+	// past its expiry (docs/design.md §13); refused, nothing executed.
+	ReasonRequestState = "request_state_invalid"
 	// ReasonPeerRefused: a connection to a listener with client
 	// certificates refused in the TLS handshake (no certificate, another
 	// CA's, a SAN not allowed): it opened no stream (docs/design.md §12).

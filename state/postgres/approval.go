@@ -31,10 +31,10 @@ const (
 VALUES ($1, $2::char(32), $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, 'PENDING', now(), now(), $12)
 ON CONFLICT (idem_key) DO NOTHING`
 
-	insertEventSQL = `INSERT INTO approval_event (approval_id, kind, actor, reason, param_hash, at)
-VALUES ($1, $2, $3, $4, $5, coalesce($6, now()))`
+	insertEventSQL = `INSERT INTO approval_event (approval_id, kind, actor, reason, param_hash, at, acr, amr, auth_time)
+VALUES ($1, $2, $3, $4, $5, coalesce($6, now()), $7, $8::jsonb, $9)`
 
-	selectEventsSQL = `SELECT kind, actor, reason, param_hash, at FROM approval_event
+	selectEventsSQL = `SELECT kind, actor, reason, param_hash, at, acr, amr, auth_time FROM approval_event
 WHERE approval_id = $1 ORDER BY event_id`
 
 	// lapseSQL marks open approvals past expires_at EXPIRED with their
@@ -85,8 +85,19 @@ func loadEvents(ctx context.Context, q querier, a *state.Approval) error {
 	a.Events = nil
 	for rows.Next() {
 		var e state.ApprovalEvent
-		if err := rows.Scan(&e.Kind, &e.Actor, &e.Reason, &e.ParamHash, &e.At); err != nil {
+		var amr []byte
+		var authTime *time.Time
+		if err := rows.Scan(&e.Kind, &e.Actor, &e.Reason, &e.ParamHash, &e.At, &e.ACR, &amr, &authTime); err != nil {
 			return err
+		}
+		if err := json.Unmarshal(amr, &e.AMR); err != nil {
+			return fmt.Errorf("approval %s: bad amr: %w", a.ID, err)
+		}
+		if len(e.AMR) == 0 {
+			e.AMR = nil
+		}
+		if authTime != nil {
+			e.AuthTime = *authTime
 		}
 		a.Events = append(a.Events, e)
 	}
@@ -195,7 +206,7 @@ func (s *Store) RequestApproval(ctx context.Context, req state.ApprovalRequest) 
 			return err
 		}
 		if created = tag.RowsAffected() == 1; created {
-			if _, err := tx.Exec(ctx, insertEventSQL, req.ID, state.EventRequested, req.Requester, "", req.ParamHash, nil); err != nil {
+			if _, err := tx.Exec(ctx, insertEventSQL, req.ID, state.EventRequested, req.Requester, "", req.ParamHash, nil, "", "[]", nil); err != nil {
 				return err
 			}
 			if err := lockBudgets(ctx, tx, req.Spends); err != nil {
@@ -312,7 +323,15 @@ func (s *Store) DecideApproval(ctx context.Context, d state.Decision) (state.Dec
 		}
 		out = state.DecideOn(&a, d, now)
 		for _, e := range a.Events[before:] {
-			if _, err := tx.Exec(ctx, insertEventSQL, a.ID, e.Kind, e.Actor, e.Reason, e.ParamHash, e.At); err != nil {
+			amr, err := json.Marshal(append([]string{}, e.AMR...))
+			if err != nil {
+				return err
+			}
+			var authTime *time.Time
+			if !e.AuthTime.IsZero() {
+				authTime = &e.AuthTime
+			}
+			if _, err := tx.Exec(ctx, insertEventSQL, a.ID, e.Kind, e.Actor, e.Reason, e.ParamHash, e.At, e.ACR, string(amr), authTime); err != nil {
 				return err
 			}
 		}
@@ -370,7 +389,7 @@ func (s *Store) AcquireApproved(ctx context.Context, req state.AcquireRequest, a
 			if _, err := tx.Exec(ctx, `UPDATE budget_spend SET day = `+utcToday+` WHERE idem_key = $1::char(32)`, req.Key); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, insertEventSQL, a.ID, state.EventConsumed, req.Owner, "", req.ParamHash, nil); err != nil {
+			if _, err := tx.Exec(ctx, insertEventSQL, a.ID, state.EventConsumed, req.Owner, "", req.ParamHash, nil, "", "[]", nil); err != nil {
 				return err
 			}
 			if err := loadEvents(ctx, tx, &out.Approval); err != nil {

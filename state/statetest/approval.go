@@ -46,6 +46,7 @@ func RunApprovals(t *testing.T, newStore func(t *testing.T) ApprovalStore, opts 
 		{"OnePerNonce", s.onePerNonce},
 		{"SelfApprovalRefused", s.selfApproval},
 		{"RequesterMayDeny", s.requesterMayDeny},
+		{"StepUpRecorded", s.stepUpRecorded},
 		{"RequiredDistinctApprovers", s.requiredDistinct},
 		{"DeniedNeverExecutes", s.deniedNeverExecutes},
 		{"PendingNeverExecutes", s.pendingNeverExecutes},
@@ -172,6 +173,45 @@ func (s *approvalSuite) selfApproval(t *testing.T, st ApprovalStore) {
 	out, got = decide(t, st, b.ID, "req", true)
 	require.Equal(t, state.DecisionRecorded, out)
 	require.Equal(t, state.ApprovalApproved, got.State)
+}
+
+// stepUpRecorded (docs/design.md §13): a requester's approval marked
+// StepUp counts under four eyes and is consumed like any other; how the
+// person authenticated (acr, amr, auth_time) is stored with the decision
+// and read back.
+func (s *approvalSuite) stepUpRecorded(t *testing.T, st ApprovalStore) {
+	a := create(t, st, s.request(NewKey(t)))
+	authTime := s.opts.Now().Add(-time.Minute).Truncate(time.Second)
+	out, got, err := st.DecideApproval(ctxT(t), state.Decision{ID: a.ID, Approver: "req", Approve: true, Reason: "it is my rent",
+		StepUp: true, ACR: "urn:example:sca", AMR: []string{"hwk", "pin"}, AuthTime: authTime})
+	require.NoError(t, err)
+	require.Equal(t, state.DecisionRecorded, out)
+	require.Equal(t, state.ApprovalApproved, got.State)
+	for _, read := range []state.Approval{got, s.reread(t, st, a.ID)} {
+		last := read.Events[len(read.Events)-1]
+		require.Equal(t, state.EventApproved, last.Kind)
+		require.Equal(t, "req", last.Actor)
+		require.Equal(t, "urn:example:sca", last.ACR)
+		require.Equal(t, []string{"hwk", "pin"}, last.AMR)
+		require.True(t, authTime.Equal(last.AuthTime), "%s != %s", authTime, last.AuthTime)
+		first := read.Events[0]
+		require.Empty(t, first.ACR)
+		require.Nil(t, first.AMR)
+		require.True(t, first.AuthTime.IsZero())
+	}
+	ans, err := st.AcquireApproved(ctxT(t), AcquireRequest(a.Key, "o1"), a.ID)
+	require.NoError(t, err)
+	require.NotNil(t, ans.Answer)
+	require.Equal(t, state.OutcomeAcquired, ans.Answer.Outcome)
+	require.Equal(t, state.ApprovalConsumed, ans.Approval.State)
+}
+
+func (s *approvalSuite) reread(t *testing.T, st ApprovalStore, id string) state.Approval {
+	t.Helper()
+	a, found, err := st.GetApproval(ctxT(t), id)
+	require.NoError(t, err)
+	require.True(t, found)
+	return a
 }
 
 func (s *approvalSuite) requesterMayDeny(t *testing.T, st ApprovalStore) {
