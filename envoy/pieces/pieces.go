@@ -166,8 +166,9 @@ func templateRegex(path string) string {
 	return b.String()
 }
 
-// guardedPathRegex matches the exact guarded paths (with a query string):
-// the local reply mapping answers only their 413s with an envelope.
+// guardedPathRegex matches the guarded paths as idemgate reads them (any
+// case, an optional trailing "/", a query string): the local reply mapping
+// answers only their 413s with an envelope.
 func guardedPathRegex(paths []route.GuardedPath) string {
 	var alts []string
 	seen := map[string]bool{}
@@ -178,7 +179,7 @@ func guardedPathRegex(paths []route.GuardedPath) string {
 			alts = append(alts, r)
 		}
 	}
-	return `^(?:` + strings.Join(alts, "|") + `)(?:\?.*)?$`
+	return `(?i)^(?:` + strings.Join(alts, "|") + `)/?(?:\?.*)?$`
 }
 
 type opRoute struct {
@@ -189,10 +190,15 @@ type opRoute struct {
 	Retries               int
 }
 
+// MCPRetryOn is the retry condition of an MCP endpoint's route: only a
+// request that never reached the upstream is retried.
+const MCPRetryOn = "connect-failure,reset-before-request"
+
 // operationRoutes are the routes of every operation: each HTTP path, a
 // confirm with the operation's timeout and only the retries that keep its
 // key (reset only when the downstream honours keys), and each MCP endpoint
-// with no retry at all.
+// with its operation's retries, only before the request reached the
+// upstream.
 func operationRoutes(rt *config.Runtime) []opRoute {
 	var out []opRoute
 	seenMCP := map[string]bool{}
@@ -227,7 +233,11 @@ func operationRoutes(rt *config.Runtime) []opRoute {
 		}
 		if op.MCP != nil && op.MCP.Endpoint != "" && !seenMCP[op.MCP.Endpoint] {
 			seenMCP[op.MCP.Endpoint] = true
-			out = append(out, opRoute{Op: op.Name, Name: op.Name, Path: op.MCP.Endpoint, Timeout: op.UpstreamTimeout, Confirm: true, RetryOn: "reset,connect-failure"})
+			// One route carries the guarded confirm tool and every other
+			// tools/call, which has no idempotency key: retry only what never
+			// reached the upstream, whatever the downstream does with keys.
+			out = append(out, opRoute{Op: op.Name, Name: op.Name, Path: op.MCP.Endpoint, Timeout: op.UpstreamTimeout, Confirm: true,
+				RetryOn: MCPRetryOn, Retries: op.UpstreamRetries})
 		}
 	}
 	return out

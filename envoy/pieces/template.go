@@ -166,8 +166,10 @@ clusters:
 #    reached the upstream (connect-failure) or, when the downstream honours the
 #    idempotency key, when the connection broke (reset): the retry carries the same key.
 #    Never retry a confirm on 5xx: idemgate records that answer. The status route is
-#    answered by idemgate; the upstream never sees it. An MCP endpoint is never retried:
-#    an unguarded tools/call carries no idempotency key. Other methods and spellings of
+#    answered by idemgate; the upstream never sees it. An MCP endpoint's route retries
+#    (upstream_retries of its operation) only a request that never reached the upstream
+#    (connect-failure, reset-before-request): it also carries tools/calls idemgate does not
+#    guard, which have no idempotency key. Other methods and spellings of
 #    these paths need no route: idemgate refuses them whichever route they take.
 routes:
 {{- range .Routes}}
@@ -190,8 +192,10 @@ routes:
 {{- end}}
 {{- end}}
 
-# 5. HttpConnectionManager.local_reply_config (merge with your mappers): a request body
-#    over the buffer limit on an operation path gets Envoy's own 413 before idemgate sees
+# 5. HttpConnectionManager.local_reply_config: this mapper goes FIRST in your mappers
+#    (Envoy applies only the first mapper whose filter matches; one of yours that matches
+#    a 413 earlier would hide the envelope). A request body over the buffer limit on an
+#    operation path (any case, a trailing "/") gets Envoy's own 413 before idemgate sees
 #    it; this turns it into the envelope an agent can act on.
 local_reply_config:
   mappers:
