@@ -76,7 +76,7 @@ type egManifests struct {
 	// idemgate as a sidecar.
 	proxy   *egv1a1.EnvoyProxy
 	netpols []*networkingv1.NetworkPolicy
-	objs         []object
+	objs    []object
 }
 
 // egRender renders k8s/envoy-gateway strictly and reads the idemgate config
