@@ -33,12 +33,25 @@ operations:
     upstream_retries: 2
 `
 
-func render(t *testing.T, yaml string, o pieces.Options) *envoytest.Pieces {
+func parse(t *testing.T, yaml string) *settings.Settings {
 	t.Helper()
 	s, _, err := settings.Parse("test.yaml", []byte(yaml), t.TempDir(), config.Options{Offline: true})
 	require.NoError(t, err)
-	out, err := pieces.Render(s.Runtime, o)
+	return s
+}
+
+// renderRaw is Render's YAML for yaml.
+func renderRaw(t *testing.T, yaml string, o pieces.Options) []byte {
+	t.Helper()
+	out, err := pieces.Render(parse(t, yaml).Runtime, o)
 	require.NoError(t, err)
+	return out
+}
+
+// render is Render's output for yaml, decoded strictly.
+func render(t *testing.T, yaml string, o pieces.Options) *envoytest.Pieces {
+	t.Helper()
+	out := renderRaw(t, yaml, o)
 	p, err := envoytest.DecodePieces(out)
 	require.NoError(t, err, "%s", out)
 	return p

@@ -24,7 +24,8 @@ const piecesText = `# idemgate for an Envoy you already run: the pieces to paste
 #
 # Settings to review:
 #   - clusters[idemgate] address: where idemgate's grpc_listen is, as Envoy reaches it
-#     (127.0.0.1 when idemgate runs next to Envoy, as a sidecar or on the same host).
+#     (127.0.0.1 or a unix socket when idemgate runs next to Envoy, as a sidecar or on
+#     the same host; a routable address only with grpc_tls, then with the TLS files).
 #   - your listener's per_connection_buffer_limit_bytes: equal to idemgate
 #     limits.max_body_bytes ({{.MaxBodyBytes}}). BUFFERED mode holds whole bodies: a larger
 #     request gets 413 (an envelope on the operation paths, see local_reply_config), a
@@ -152,13 +153,43 @@ clusters:
     unhealthy_threshold: 2
     healthy_threshold: 1
     grpc_health_check: {}
+{{- if .TLS}}
+  # mTLS to idemgate's grpc_tls listener: Envoy presents its client certificate (its SAN
+  # must be in grpc_tls.client_sans) and accepts only idemgate's certificate, issued by
+  # the CA below with the SAN below. Envoy reads these files at start: to rotate them
+  # without a restart, serve them through SDS instead. ALPN h2 is required by gRPC.
+  transport_socket:
+    name: envoy.transport_sockets.tls
+    typed_config:
+      "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+{{- if .TLS.SNI}}
+      sni: {{q .TLS.SNI}}
+{{- end}}
+      common_tls_context:
+        tls_params: {tls_minimum_protocol_version: TLSv1_2}
+        alpn_protocols: [h2]
+        tls_certificates:
+        - certificate_chain: {filename: {{q .TLS.ClientCert}}}
+          private_key: {filename: {{q .TLS.ClientKey}}}
+        validation_context:
+          trusted_ca: {filename: {{q .TLS.CA}}}
+          match_typed_subject_alt_names:
+          - san_type: {{.SANType}}
+            matcher: {exact: {{q .TLS.SAN}}}
+{{- end}}
   load_assignment:
     cluster_name: idemgate
     endpoints:
     - lb_endpoints:
       - endpoint:
           address:
+{{- if .Pipe}}
+            # idemgate's grpc_listen unix socket: only processes that can open the file
+            # (mode 0660) reach it.
+            pipe: {path: {{q .Pipe}}}
+{{- else}}
             socket_address: {address: {{.Host}}, port_value: {{.Port}}}
+{{- end}}
 
 # 4. RouteConfiguration.virtual_hosts[].routes, BEFORE any route that also matches these
 #    paths: the operation routes, to the upstream cluster {{.Upstream}}. A confirm's
