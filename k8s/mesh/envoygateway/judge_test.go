@@ -72,10 +72,12 @@ func TestEnvoyGatewayRunsTheShippedFiles(t *testing.T) {
 	ig := startIdemgate(t, cfg)
 
 	gatewayPort := testutil.FreePort(t)
+	home := t.TempDir()
+	adminFile := filepath.Join(home, "envoy-admin-address")
 	resources := standalone(t, objs, localJWKS, version, overlayAddrs{
 		gatewayPort: gatewayPort, idemgateSocket: ig.socket, shippedSocket: shippedSocket, payments: paymentsAddr,
+		envoyAdminFile: adminFile,
 	})
-	home := t.TempDir()
 	resourcesDir := filepath.Join(home, "resources")
 	if err := os.MkdirAll(resourcesDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -103,7 +105,7 @@ func TestEnvoyGatewayRunsTheShippedFiles(t *testing.T) {
 	// socket: the only way idemgate can be reached here (it has no TCP
 	// listener for gRPC), so the streams below went through it.
 	t.Run("the ext_proc cluster is idemgate's unix socket", func(t *testing.T) {
-		if err := extProcClusterOnPipe(ig.socket); err != nil {
+		if err := extProcClusterOnPipe(adminFile, ig.socket); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -608,14 +610,16 @@ func startIdemgate(t *testing.T, cfg map[string]any) *idemgate {
 	return g
 }
 
-// envoyAdmin is the admin address Envoy Gateway gives the Envoy it runs.
-const envoyAdmin = "127.0.0.1:19000"
-
-// extProcClusterOnPipe reads the clusters of the Envoy that Envoy Gateway
-// runs and checks that the ext_proc cluster's only endpoint is a pipe
-// address at socket, and that no cluster has a TCP endpoint to idemgate.
-func extProcClusterOnPipe(socket string) error {
-	resp, err := http.Get("http://" + envoyAdmin + "/config_dump?resource=dynamic_active_clusters&include_eds")
+// extProcClusterOnPipe reads the endpoints of the Envoy that Envoy Gateway
+// runs (its admin address is in adminFile; Envoy Gateway sends endpoints
+// over EDS) and checks that the one ext_proc cluster's only endpoint is a
+// pipe address at socket.
+func extProcClusterOnPipe(adminFile, socket string) error {
+	admin, err := os.ReadFile(adminFile)
+	if err != nil {
+		return fmt.Errorf("Envoy's admin address: %w", err)
+	}
+	resp, err := http.Get("http://" + strings.TrimSpace(string(admin)) + "/config_dump?resource=dynamic_endpoint_configs&include_eds")
 	if err != nil {
 		return err
 	}
@@ -629,25 +633,24 @@ func extProcClusterOnPipe(socket string) error {
 	}
 	var dump struct {
 		Configs []struct {
-			Cluster struct {
-				Name           string `json:"name"`
-				LoadAssignment struct {
-					Endpoints []struct {
-						LBEndpoints []struct {
-							Endpoint struct {
-								Address struct {
-									Pipe *struct {
-										Path string `json:"path"`
-									} `json:"pipe"`
-									SocketAddress *struct {
-										Address string `json:"address"`
-									} `json:"socket_address"`
-								} `json:"address"`
-							} `json:"endpoint"`
-						} `json:"lb_endpoints"`
-					} `json:"endpoints"`
-				} `json:"load_assignment"`
-			} `json:"cluster"`
+			EndpointConfig struct {
+				ClusterName string `json:"cluster_name"`
+				Endpoints   []struct {
+					LBEndpoints []struct {
+						Endpoint struct {
+							Address struct {
+								Pipe *struct {
+									Path string `json:"path"`
+								} `json:"pipe"`
+								SocketAddress *struct {
+									Address   string `json:"address"`
+									PortValue int    `json:"port_value"`
+								} `json:"socket_address"`
+							} `json:"address"`
+						} `json:"endpoint"`
+					} `json:"lb_endpoints"`
+				} `json:"endpoints"`
+			} `json:"endpoint_config"`
 		} `json:"configs"`
 	}
 	if err := json.Unmarshal(body, &dump); err != nil {
@@ -655,23 +658,24 @@ func extProcClusterOnPipe(socket string) error {
 	}
 	var extProc []string
 	for _, c := range dump.Configs {
-		if !strings.Contains(c.Cluster.Name, "extproc") {
+		name := c.EndpointConfig.ClusterName
+		if !strings.Contains(name, "extproc") {
 			continue
 		}
-		extProc = append(extProc, c.Cluster.Name)
+		extProc = append(extProc, name)
 		var eps []string
-		for _, e := range c.Cluster.LoadAssignment.Endpoints {
+		for _, e := range c.EndpointConfig.Endpoints {
 			for _, lb := range e.LBEndpoints {
 				switch a := lb.Endpoint.Address; {
 				case a.Pipe != nil:
 					eps = append(eps, "pipe:"+a.Pipe.Path)
 				case a.SocketAddress != nil:
-					eps = append(eps, "tcp:"+a.SocketAddress.Address)
+					eps = append(eps, fmt.Sprintf("tcp:%s:%d", a.SocketAddress.Address, a.SocketAddress.PortValue))
 				}
 			}
 		}
 		if len(eps) != 1 || eps[0] != "pipe:"+socket {
-			return fmt.Errorf("ext_proc cluster %s has endpoints %v, want only pipe:%s", c.Cluster.Name, eps, socket)
+			return fmt.Errorf("ext_proc cluster %s has endpoints %v, want only pipe:%s", name, eps, socket)
 		}
 	}
 	if len(extProc) != 1 {

@@ -27,8 +27,9 @@ import (
 //     runs no pod): without the version Envoy Gateway takes it from its
 //     digest-pinned default image, finds none, and func-e tries the
 //     internet. It also turns hot restart off, whose domain socket another
-//     Envoy on the machine may hold. The GatewayClass points at the same
-//     Host settings.
+//     Envoy on the machine may hold. It moves to envoy-gateway-system and
+//     the GatewayClass points at it too: the file provider loads a single
+//     EnvoyProxy, as the GatewayClass's.
 //  3. Standalone does not resolve Service backendRefs, so the HTTPRoutes'
 //     `payments-api` becomes a gateway.envoyproxy.io Backend on 127.0.0.1
 //     (extensionApis.enableBackend). The shipped Backend `idemgate` (a unix
@@ -43,13 +44,13 @@ type overlayAddrs struct {
 	gatewayPort    int
 	idemgateSocket string // the path of the judge's idemgate's gRPC unix socket
 	shippedSocket  string // the path in the shipped idemgate.yaml
+	envoyAdminFile string // where Envoy writes its admin address
 	payments       string // host:port of the payments API
 }
 
-// envoyProxyName is the EnvoyProxy the overlay adds; Envoy Gateway puts
-// every object without a namespace into envoy-gateway-system.
+// Envoy Gateway puts every object without a namespace into
+// envoy-gateway-system (but an EnvoyProxy: see standalone).
 const (
-	envoyProxyName      = "standalone-host"
 	envoyGatewayNS      = "envoy-gateway-system"
 	egGroup             = "gateway.envoyproxy.io"
 	extensionPolicyKind = "EnvoyExtensionPolicy"
@@ -69,19 +70,11 @@ func standalone(t *testing.T, objs []meshtest.Object, localJWKS meshtest.Object,
 		return map[string]any{
 			"provider": map[string]any{"type": "Host", "host": map[string]any{"envoyVersion": envoyVersion}},
 			// Other Envoys on this machine hold hot restart's base id 0.
-			"extraArgs": []any{"--disable-hot-restart"},
+			// Host mode gives Envoy's admin a random port: Envoy writes it
+			// to a.envoyAdminFile for the judge to read its config.
+			"extraArgs": []any{"--disable-hot-restart", "--admin-address-path", a.envoyAdminFile},
 		}
 	}
-	gc := meshtest.Find(t, out, "GatewayClass", "envoy-gateway")
-	meshtest.SetPath(gc, map[string]any{
-		"group": egGroup, "kind": "EnvoyProxy", "name": envoyProxyName, "namespace": envoyGatewayNS,
-	}, "spec", "parametersRef")
-	out = append(out, meshtest.Object{
-		"apiVersion": egGroup + "/v1alpha1", "kind": "EnvoyProxy",
-		"metadata": map[string]any{"name": envoyProxyName, "namespace": envoyGatewayNS},
-		"spec":     hostSpec(),
-	})
-
 	gw := meshtest.Find(t, out, "Gateway", "payments")
 	sidecarProxy, _ := meshtest.Path(gw, "spec", "infrastructure", "parametersRef", "name").(string)
 	if kind, _ := meshtest.Path(gw, "spec", "infrastructure", "parametersRef", "kind").(string); kind != "EnvoyProxy" || sidecarProxy == "" {
@@ -96,6 +89,15 @@ func standalone(t *testing.T, objs []meshtest.Object, localJWKS meshtest.Object,
 		t.Fatalf("the shipped EnvoyProxy %s should carry idemgate as a native sidecar, has %v", sidecarProxy, inits)
 	}
 	ep["spec"] = hostSpec()
+	// Standalone's file provider loads one EnvoyProxy only, as the
+	// GatewayClass's, with the namespace written on it: it is this one, in
+	// Envoy Gateway's namespace (where the Gateway's parametersRef looks),
+	// and the GatewayClass points at it too.
+	meshtest.SetPath(ep, envoyGatewayNS, "metadata", "namespace")
+	gc := meshtest.Find(t, out, "GatewayClass", "envoy-gateway")
+	meshtest.SetPath(gc, map[string]any{
+		"group": egGroup, "kind": "EnvoyProxy", "name": sidecarProxy, "namespace": envoyGatewayNS,
+	}, "spec", "parametersRef")
 
 	listeners, _ := meshtest.Path(gw, "spec", "listeners").([]any)
 	if len(listeners) != 1 {
