@@ -1178,7 +1178,9 @@ func TestEnvoyGatewayIdemgate(t *testing.T) {
 		require.Equal(t, want, c.SecurityContext)
 	})
 	t.Run("hardened", func(t *testing.T) {
-		// Envoy Gateway sets the service account token of its pods.
+		// The pod fields the EnvoyProxy does not carry: Envoy Gateway writes
+		// automountServiceAccountToken: false into its proxy Deployment
+		// (v1.9.1 internal/infrastructure/kubernetes/proxy).
 		hardened := pod.DeepCopy()
 		hardened.AutomountServiceAccountToken = new(false)
 		checkPodHardening(t, hardened)
