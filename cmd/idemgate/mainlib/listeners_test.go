@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -167,4 +168,35 @@ func sampleValue(t *testing.T, metrics, sample string) float64 {
 	}
 	t.Fatalf("no sample %s", sample)
 	return 0
+}
+
+// TestServeApprovalsOnUnixSocket: approval_listen may be a unix socket
+// (the SSO proxy beside idemgate): mode 0660, the approvers' API answers
+// on it, and it is removed when serve stops.
+func TestServeApprovalsOnUnixSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "approvals.sock")
+	path := listenerConfig(t, fmt.Sprintf("approval_listen: \"unix://%s\"", sock))
+	stderr := &testutil.SyncBuffer{}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- runServe(ctx, stderr, "--config", path, "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "\nready\n") }, 10*time.Second, 10*time.Millisecond)
+	fi, err := os.Stat(sock)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o660), fi.Mode().Perm())
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+	}}
+	resp, err := client.Get("http://approvals/v1/approvals/unknown")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "the approvers' API answers (no token: 401)")
+	cancel()
+	require.NoError(t, <-done)
+	_, err = os.Stat(sock)
+	require.ErrorIs(t, err, os.ErrNotExist, "removed when serve stops")
 }

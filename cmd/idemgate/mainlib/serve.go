@@ -366,7 +366,7 @@ func warnPlaintextRemote(cfg *settings.Settings, m *listen.Metrics, logger *slog
 		m.SetPlaintextRemote(l.name, l.on)
 		if l.on {
 			logger.Warn("PLAINTEXT ON A ROUTABLE ADDRESS: "+l.key+" is true, so anyone who reaches this listener is trusted; "+
-				"use a loopback address, a unix socket or TLS (docs/security.md)", "listener", l.name, "listen", l.addr)
+				"use a loopback address, a unix socket or TLS (docs/design.md §12)", "listener", l.name, "listen", l.addr)
 		}
 	}
 }
