@@ -1,14 +1,21 @@
 package k8s
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/base64"
+	"encoding/pem"
 	"fmt"
 	"io/fs"
+	"math/big"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc/config"
@@ -34,7 +41,9 @@ func (p podFiles) options() config.Options {
 }
 
 // idemgatePod resolves the idemgate container's env and Secret files from
-// secrets.example.yaml, with signingKey in place of every signing key.
+// secrets.example.yaml, with signingKey in place of every signing key and,
+// when it is set, a fresh certificate in place of the example TLS Secret's
+// placeholders.
 func idemgatePod(t *testing.T, objs []object, signingKey string) podFiles {
 	t.Helper()
 	pod := &deployment(t, objs).Spec.Template.Spec
@@ -48,20 +57,48 @@ func idemgatePod(t *testing.T, objs []object, signingKey string) podFiles {
 			out.env[e.Name] = e.Value
 		}
 	}
+	certPEM, keyPEM := selfSignedPEM(t)
 	for _, m := range c.VolumeMounts {
 		for _, v := range pod.Volumes {
 			if v.Name != m.Name || v.Secret == nil {
 				continue
 			}
-			for key, value := range secrets[v.Secret.SecretName].StringData {
-				if signingKey != "" && v.Secret.SecretName == "idemgate-keys" {
+			secret := secrets[v.Secret.SecretName]
+			require.NotNil(t, secret, "secrets.example.yaml shows no Secret %s, which the pod mounts", v.Secret.SecretName)
+			for key, value := range secret.StringData {
+				switch {
+				case signingKey == "":
+				case v.Secret.SecretName == "idemgate-keys":
 					value = signingKey
+				case secret.Type == corev1.SecretTypeTLS && key == corev1.TLSCertKey:
+					value = certPEM
+				case secret.Type == corev1.SecretTypeTLS && key == corev1.TLSPrivateKeyKey:
+					value = keyPEM
 				}
 				out.files[m.MountPath+"/"+key] = []byte(value)
 			}
 		}
 	}
 	return out
+}
+
+// selfSignedPEM is a throwaway certificate and key, as kubectl create
+// secret tls would store them.
+func selfSignedPEM(t *testing.T) (certPEM, keyPEM string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "approvals.example"},
+		DNSNames: []string{"approvals.example"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	require.NoError(t, err)
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
+		string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}))
 }
 
 // TestMountedConfigIsAcceptedByTheLoader runs idemgate's config loader (what
@@ -87,6 +124,10 @@ func TestMountedConfigIsAcceptedByTheLoader(t *testing.T) {
 			require.Equal(t, time.Duration(loose.Drain.Timeout), cfg.Drain.Timeout)
 			require.Equal(t, loose.Subject.Header, rt.Subject.Header)
 			require.Equal(t, "tiered", cfg.Store.Backend())
+			if dir == baseDir {
+				require.NotNil(t, cfg.ApprovalTLS, "the approvers' listener is on the pod IP: TLS")
+				require.False(t, cfg.ApprovalPlaintextRemote)
+			}
 			require.Equal(t, pod.env["IDEMGATE_REDIS_PASSWORD"], cfg.Store.Redis.Password.Reveal())
 			require.Equal(t, "env IDEMGATE_POSTGRES_DSN", cfg.Store.Postgres.DSNSource)
 		})

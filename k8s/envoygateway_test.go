@@ -1204,12 +1204,24 @@ func TestEnvoyGatewayIdemgate(t *testing.T) {
 			require.NotEmpty(t, k.File, id)
 			files.files[k.File] = []byte(base64.StdEncoding.EncodeToString(key))
 		}
+		// approval_tls: the sidecar mounts the kubernetes.io/tls Secret where
+		// the config reads it.
+		const approvalsTLS = "/etc/idemgate/approvals-tls"
+		var mounted bool
+		for _, vm := range c.VolumeMounts {
+			mounted = mounted || vm.MountPath == approvalsTLS
+		}
+		require.True(t, mounted, "the sidecar mounts %s", approvalsTLS)
+		certPEM, keyPEM := selfSignedPEM(t)
+		files.files[approvalsTLS+"/tls.crt"], files.files[approvalsTLS+"/tls.key"] = []byte(certPEM), []byte(keyPEM)
 		cfg, warnings, err := settings.Parse(egDir+"/idemgate.yaml", raw, "/etc/idemgate/config", files.options())
 		require.NoError(t, err)
 		require.Empty(t, warnings)
 		require.Equal(t, m.cfg.GRPCListen, cfg.GRPCListen)
 		require.Nil(t, cfg.GRPCTLS)
 		require.False(t, cfg.GRPCPlaintextRemote)
+		require.NotNil(t, cfg.ApprovalTLS, "the approvers' listener is on the pod IP: TLS")
+		require.False(t, cfg.ApprovalPlaintextRemote)
 		require.Equal(t, "tiered", cfg.Store.Backend())
 	})
 	t.Run("the ConfigMap is in the proxies' namespace", func(t *testing.T) {

@@ -566,6 +566,8 @@ func startIdemgate(t *testing.T, cfg map[string]any) *idemgate {
 	cfg["grpc_listen"], cfg["admin_listen"] = "unix://"+socket, admin
 	// The shipped :9091 would bind every interface and may be taken here.
 	cfg["approval_listen"] = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	// The Secret's files are not on this machine; on loopback it needs no TLS.
+	delete(cfg, "approval_tls")
 	cfg["log"] = map[string]any{"level": "info", "format": "text"}
 	cfg["drain"] = map[string]any{"period": "0s", "timeout": "5s"}
 	meshtest.SetPath(cfg, map[string]any{"k1": map[string]any{"file": keyFile}}, "signing", "keys")
