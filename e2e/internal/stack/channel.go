@@ -1,17 +1,9 @@
 package stack
 
 import (
-	"fmt"
 	"path/filepath"
 
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/types/known/anypb"
-	"sigs.k8s.io/yaml"
 
 	"github.com/idemgate/idemgate/envoy/envoytest"
 )
@@ -46,67 +38,15 @@ func unixSocketListen(dir string) string {
 	return "unix://" + filepath.Join(dir, "extproc.sock")
 }
 
-// editIdemgateCluster rewrites the bootstrap's idemgate cluster: its
-// endpoint becomes a pipe (Envoy's unix socket address) when pipe is set,
-// and it gets an UpstreamTlsContext with tlsOpts.
-func editIdemgateCluster(bootstrap []byte, pipe string, tlsOpts *GRPCTLS) ([]byte, error) {
-	if pipe == "" && tlsOpts == nil {
-		return bootstrap, nil
+// clusterTLS is the idemgate cluster's UpstreamTlsContext, as `idemgate
+// envoy-config` writes it for grpc_tls; nil without TLS.
+func (g *GRPCTLS) clusterTLS() map[string]*tlsv3.UpstreamTlsContext {
+	if g == nil {
+		return nil
 	}
-	var bs bootstrapv3.Bootstrap
-	if err := envoytest.UnmarshalYAML(bootstrap, &bs); err != nil {
-		return nil, err
+	return map[string]*tlsv3.UpstreamTlsContext{
+		envoytest.IdemgateCluster: envoytest.IdemgateUpstreamTLS(g.EnvoyCertFile, g.EnvoyKeyFile, g.EnvoyTrustedCAFile, g.ServerSAN),
 	}
-	var cl *clusterv3.Cluster
-	for _, c := range bs.GetStaticResources().GetClusters() {
-		if c.GetName() == envoytest.IdemgateCluster {
-			cl = c
-		}
-	}
-	if cl == nil {
-		return nil, fmt.Errorf("the bootstrap has no %s cluster", envoytest.IdemgateCluster)
-	}
-	if pipe != "" {
-		eps := cl.GetLoadAssignment().GetEndpoints()
-		if len(eps) != 1 || len(eps[0].GetLbEndpoints()) != 1 || eps[0].GetLbEndpoints()[0].GetEndpoint() == nil {
-			return nil, fmt.Errorf("the %s cluster should have exactly one endpoint", envoytest.IdemgateCluster)
-		}
-		eps[0].GetLbEndpoints()[0].GetEndpoint().Address = &corev3.Address{Address: &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: pipe}}}
-	}
-	if tlsOpts != nil {
-		file := func(name string) *corev3.DataSource {
-			return &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: name}}
-		}
-		ctx, err := anypb.New(&tlsv3.UpstreamTlsContext{
-			Sni: tlsOpts.ServerSAN,
-			CommonTlsContext: &tlsv3.CommonTlsContext{
-				// gRPC servers require ALPN h2 over TLS.
-				AlpnProtocols: []string{"h2"},
-				TlsCertificates: []*tlsv3.TlsCertificate{{
-					CertificateChain: file(tlsOpts.EnvoyCertFile), PrivateKey: file(tlsOpts.EnvoyKeyFile),
-				}},
-				ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
-					TrustedCa: file(tlsOpts.EnvoyTrustedCAFile),
-					MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{{
-						SanType: tlsv3.SubjectAltNameMatcher_DNS,
-						Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: tlsOpts.ServerSAN}},
-					}},
-				}},
-			},
-		})
-		if err != nil {
-			return nil, err
-		}
-		cl.TransportSocket = &corev3.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: ctx}}
-	}
-	if err := bs.ValidateAll(); err != nil {
-		return nil, fmt.Errorf("the edited bootstrap is invalid: %w", err)
-	}
-	out, err := protojson.Marshal(&bs)
-	if err != nil {
-		return nil, err
-	}
-	return yaml.JSONToYAML(out)
 }
 
 // StartExtraEnvoy starts a second Envoy on the stack's bootstrap (its own

@@ -163,10 +163,8 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		AdminAddr:  freeAddr(t),
 		log:        &LogBuffer{},
 	}
-	envoyTarget, pipe := g.GRPCAddr, ""
 	if opts.GRPCUnixSocket {
 		g.GRPCAddr = unixSocketListen(dir)
-		pipe = strings.TrimPrefix(g.GRPCAddr, "unix://")
 	}
 	extra := opts.IdemgateConfig
 	if opts.GRPCTLS != nil {
@@ -204,15 +202,14 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		// Port 0: the kernel picks, nothing can take the port between the
 		// choice and the bind (startEnvoy reads the bound ports back).
 		Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
-		Clusters:            map[string]string{envoytest.IdemgateCluster: envoyTarget, envoytest.PaymentsCluster: paymentsAddr},
+		// A unix:// grpc_listen becomes a pipe address.
+		Clusters:            map[string]string{envoytest.IdemgateCluster: g.GRPCAddr, envoytest.PaymentsCluster: paymentsAddr},
+		ClusterTLS:          opts.GRPCTLS.clusterTLS(),
 		ConfirmRouteTimeout: opts.ConfirmRouteTimeout,
 		MessageTimeout:      cmp.Or(opts.MessageTimeout, extProcMessageTimeout),
 		ConfirmRetryOn:      confirmRetryOn(opts),
 		RawPaths:            opts.WithoutPathNormalisation,
 	})
-	if err == nil {
-		s.Bootstrap, err = editIdemgateCluster(s.Bootstrap, pipe, opts.GRPCTLS)
-	}
 	if err == nil && opts.EditBootstrap != nil {
 		s.Bootstrap, err = opts.EditBootstrap(s.Bootstrap)
 	}
