@@ -303,15 +303,7 @@ func TestJWKSRotation(t *testing.T) {
 // negative MaxStale the set is dropped right at MaxAge.
 func TestStaleKeySetFailsClosed(t *testing.T) {
 	s := newSigner(t, "a1", "a1")
-	var down atomic.Bool
-	jwks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if down.Load() {
-			http.Error(w, "unavailable", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write(s.JWKS())
-	}))
-	defer jwks.Close()
+	jwks, down := flakyJWKS(t, s)
 	for _, tc := range []struct {
 		name     string
 		maxStale time.Duration
@@ -360,11 +352,10 @@ func TestStaleKeySetFailsClosed(t *testing.T) {
 	}
 }
 
-// TestStaleKeySetError: Verify names the reason (ErrKeysStale) and how old
-// the set is.
-func TestStaleKeySetError(t *testing.T) {
-	s := newSigner(t, "a1", "a1")
-	var down atomic.Bool
+// flakyJWKS serves s's key set until *down is set, then 503.
+func flakyJWKS(t *testing.T, s *attest.Signer) (*httptest.Server, *atomic.Bool) {
+	t.Helper()
+	down := new(atomic.Bool)
 	jwks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if down.Load() {
 			http.Error(w, "unavailable", http.StatusServiceUnavailable)
@@ -372,7 +363,15 @@ func TestStaleKeySetError(t *testing.T) {
 		}
 		_, _ = w.Write(s.JWKS())
 	}))
-	defer jwks.Close()
+	t.Cleanup(jwks.Close)
+	return jwks, down
+}
+
+// TestStaleKeySetError: Verify names the reason (ErrKeysStale) and how old
+// the set is.
+func TestStaleKeySetError(t *testing.T) {
+	s := newSigner(t, "a1", "a1")
+	jwks, down := flakyJWKS(t, s)
 	now := time.Unix(testNow, 0)
 	v, err := verify.New(verify.Options{JWKSURL: jwks.URL, Now: func() time.Time { return now }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
