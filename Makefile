@@ -56,6 +56,14 @@ chaos: services envoy ## Seeded chaos run through real Envoy and 3 idemgate repl
 	ENVOY_BIN=$(ENVOY) $(TEST_ENV) $(GO) test -count=1 -v -run '^TestChaos$$' -timeout 3h ./e2e/chaos/ \
 		-args -chaos.seed=$(SEED) -chaos.duration=$(DURATION)
 
+# make soak's DURATION defaults to 20m (chaos's DURATION default does not apply).
+SOAK_DURATION = $(if $(filter file undefined,$(origin DURATION)),20m,$(DURATION))
+SOAK_TIMEOUT ?= 3h
+.PHONY: soak
+soak: services envoy ## Soak (DURATION=20m): chaos agents at a steady rate with periodic faults; fails if idemgate's RSS, goroutines, fds, PostgreSQL connections or Redis memory grow after warm-up; writes docs/soak/.
+	ENVOY_BIN=$(ENVOY) $(TEST_ENV) $(GO) test -tags soak -count=1 -v -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) ./e2e/soak/ \
+		-args -soak.duration=$(SOAK_DURATION) -soak.out=$(CURDIR)/docs/soak
+
 .PHONY: test-mesh
 test-mesh: services envoy ## The control planes judge k8s/: Envoy Gateway standalone, Istio's generator + istioctl analyze, kubectl-validate (tools built once into .mesh/).
 	ENVOY_BIN=$(ENVOY) k8s/mesh/run.sh
