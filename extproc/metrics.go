@@ -91,6 +91,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Approval transitions by operation: requested and consumed (confirm streams), approved and denied (decisions on the approvers' API of this process), expired (lapses this process's store marked).",
 		}, []string{"operation", "transition"}),
 	}
+	// Exported as 0 from start: an alert on the first refused peer needs
+	// the series to exist before it (docs/design.md §12).
+	m.securityEvents.WithLabelValues(security.ReasonPeerRefused)
 	reg.MustRegister(m.decisions, m.storeLatency, m.fallbacks, m.securityEvents, m.openStreams,
 		m.panics, m.notOwner, m.settlements, m.backgroundAbandons, m.passthrough, m.webhook, m.ready, m.approvals)
 	return m

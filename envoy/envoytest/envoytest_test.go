@@ -82,7 +82,7 @@ operations:
   status: {method: POST, path: /s}
 `))
 	require.NoError(t, err)
-	require.Equal(t, ":50051", c.GRPCListen)
+	require.Equal(t, "127.0.0.1:50051", c.GRPCListen)
 	require.Equal(t, ":9090", c.AdminListen)
 	require.Equal(t, "x-idemgate-subject", c.Subject.Header)
 	require.Equal(t, 250*time.Millisecond, time.Duration(c.Store.Timeout))

@@ -125,7 +125,7 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 
 // Defaults of the agreed schema (notes/CONFIG.md), for keys a file omits.
 const (
-	DefaultGRPCListen    = ":50051"
+	DefaultGRPCListen    = "127.0.0.1:50051"
 	DefaultAdminListen   = ":9090"
 	DefaultSubjectHeader = "x-idemgate-subject"
 	DefaultStoreTimeout  = 250 * time.Millisecond

@@ -39,7 +39,11 @@ const (
 	ReasonHeaderNotAllowed = "header_not_allowed"
 	// ReasonAmbiguousValue: a bound value that mainstream parsers read
 	// differently (negative zero, 1E400, U+0000...), refused likewise.
-	ReasonAmbiguousValue      = "ambiguous_value"
+	ReasonAmbiguousValue = "ambiguous_value"
+	// ReasonPeerRefused: a connection to a listener with client
+	// certificates refused in the TLS handshake (no certificate, another
+	// CA's, a SAN not allowed): it opened no stream (docs/design.md §12).
+	ReasonPeerRefused         = "peer_refused"
 	eventName                 = "security_alert"
 	logMessage                = "event=" + eventName
 	defaultWebhookQueueLength = 1000
@@ -61,6 +65,12 @@ type Event struct {
 	// a guarded operation (path_not_exact, method_not_allowed), quoted
 	// and cut to a bounded length by the caller.
 	Request string
+	// Listener, Peer and PresentedSAN describe a refused connection
+	// (peer_refused): the listener, the remote address and the SANs of the
+	// certificate it presented ("none" without one).
+	Listener     string
+	Peer         string
+	PresentedSAN string
 }
 
 // Counters are the metrics a Reporter bumps. Nil functions are skipped.
@@ -103,6 +113,9 @@ type payload struct {
 	ChangedFields []string `json:"changed_fields,omitempty"`
 	Keys          []string `json:"keys,omitempty"`
 	Request       string   `json:"request,omitempty"`
+	Listener      string   `json:"listener,omitempty"`
+	Peer          string   `json:"peer,omitempty"`
+	PresentedSAN  string   `json:"presented_san,omitempty"`
 	Time          string   `json:"time"`
 }
 
@@ -153,6 +166,9 @@ func (r *Reporter) Report(ctx context.Context, e Event) {
 	if e.Request != "" {
 		attrs = append(attrs, slog.String("request", e.Request))
 	}
+	if e.Peer != "" {
+		attrs = append(attrs, slog.String("listener", e.Listener), slog.String("peer", e.Peer), slog.String("presented_san", e.PresentedSAN))
+	}
 	r.logger.LogAttrs(ctx, slog.LevelWarn, logMessage, attrs...)
 	if r.counters.Event != nil {
 		r.counters.Event(e.Reason)
@@ -163,6 +179,7 @@ func (r *Reporter) Report(ctx context.Context, e Event) {
 	p := payload{
 		Event: eventName, Reason: e.Reason, Operation: e.Operation, Nonce: e.Nonce,
 		SubjectTag: e.SubjectTag, TraceID: e.TraceID, ChangedFields: e.ChangedFields, Keys: e.Keys, Request: e.Request,
+		Listener: e.Listener, Peer: e.Peer, PresentedSAN: e.PresentedSAN,
 		Time: r.now().UTC().Format(time.RFC3339Nano),
 	}
 	select {

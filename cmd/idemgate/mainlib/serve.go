@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/listen"
 	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc"
 	"github.com/idemgate/idemgate/extproc/approvalapi"
@@ -118,6 +119,8 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := extproc.NewMetrics(reg)
+	listenMetrics := listen.NewMetrics(reg)
+	warnPlaintextRemote(cfg, listenMetrics, logger)
 
 	rt := cfg.Runtime
 	if cfg.Store.Backend() == "memory" {
@@ -300,4 +303,23 @@ func notifies(rt *config.Runtime) bool {
 		}
 	}
 	return false
+}
+
+// warnPlaintextRemote sets idemgate_listener_plaintext_remote and, for a
+// listener serving plaintext on a routable address by the explicit switch,
+// warns at every start (docs/design.md §12): the switch must stay visible.
+func warnPlaintextRemote(cfg *settings.Settings, m *listen.Metrics, logger *slog.Logger) {
+	for _, l := range []struct {
+		name, key, addr string
+		on              bool
+	}{
+		{listen.GRPC, "grpc_plaintext_remote", cfg.GRPCListen, settings.PlaintextRemote(cfg.GRPCListen, cfg.GRPCTLS, cfg.GRPCPlaintextRemote)},
+		{listen.Approval, "approval_plaintext_remote", cfg.ApprovalListen, settings.PlaintextRemote(cfg.ApprovalListen, cfg.ApprovalTLS, cfg.ApprovalPlaintextRemote)},
+	} {
+		m.SetPlaintextRemote(l.name, l.on)
+		if l.on {
+			logger.Warn("PLAINTEXT ON A ROUTABLE ADDRESS: "+l.key+" is true, so anyone who reaches this listener is trusted; "+
+				"use a loopback address, a unix socket or TLS (docs/security.md)", "listener", l.name, "listen", l.addr)
+		}
+	}
 }

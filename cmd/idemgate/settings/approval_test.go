@@ -40,7 +40,7 @@ func TestApprovalListen(t *testing.T) {
 	require.Equal(t, "127.0.0.1:9091", cfg.ApprovalListen)
 	var b strings.Builder
 	require.NoError(t, cfg.WriteSummary(&b))
-	require.Contains(t, b.String(), "listen:     grpc :50051, admin :9090, approvals 127.0.0.1:9091\n")
+	require.Contains(t, b.String(), "listen:     grpc 127.0.0.1:50051, admin :9090, approvals 127.0.0.1:9091\n")
 	require.Contains(t, b.String(), "    approval when amount >= 1000; 1 approver(s), not the requester; ttl 24h0m0s; tokens iss https://idp.example aud approvals from approvers.jwks (leeway 1m0s)\n")
 
 	_, warns, err = Load(writeApprovalConfig(t, ""), testOptions())

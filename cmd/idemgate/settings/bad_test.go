@@ -26,10 +26,34 @@ func TestBadConfigs(t *testing.T) {
 			"bad_duration.yaml:5:18: ttl.in_flight: invalid duration \"2 minutes\": use a Go duration such as 250ms, 15m or 72h",
 		}},
 		{file: "bad_approval_listen.yaml", want: []string{
-			"bad_approval_listen.yaml:6:18: approval_listen: must differ from grpc_listen (:50051) and admin_listen (:9090)",
+			"bad_approval_listen.yaml:5:18: approval_listen: must differ from grpc_listen (127.0.0.1:50051) and admin_listen (:9090)",
+		}},
+		{file: "approval_tls_key_mismatch.yaml", want: []string{
+			"approval_tls_key_mismatch.yaml:6:56: approval_tls.key_file: ../tls/server.pem and ../tls/other-key.pem are not a certificate and its key: tls: private key does not match public key",
+		}},
+		{file: "grpc_tls_files.yaml", want: []string{
+			"grpc_tls_files.yaml:7:14: grpc_tls.cert_file: failed to read server certificate file ../tls/missing.pem: no such file or directory",
+			"grpc_tls_files.yaml:9:19: grpc_tls.client_ca_file: ../tls/server-key.pem holds no PEM certificate",
+			"grpc_tls_files.yaml:10:17: grpc_tls.client_sans[0]: invalid URI SAN \"spiffe://\": a URI such as spiffe://cluster.local/ns/NS/sa/SA",
+			"grpc_tls_files.yaml:10:30: grpc_tls.client_sans[1]: invalid SAN \"envoy payments\": a URI such as spiffe://cluster.local/ns/NS/sa/SA or a DNS name",
+		}},
+		{file: "grpc_tls_incomplete.yaml", want: []string{
+			"grpc_tls_incomplete.yaml:6:12: grpc_tls.client_ca_file: required: the CA certificates that sign Envoy's client certificate",
+			"grpc_tls_incomplete.yaml:6:12: grpc_tls.client_sans: required: the URI (SPIFFE ID) or DNS SANs of the client certificates allowed to connect",
+		}},
+		{file: "listen_plaintext_remote.yaml", want: []string{
+			"listen_plaintext_remote.yaml:5:14: grpc_listen: \":50051\" is a routable address served in plaintext: anyone who reaches it could drive idemgate (mint fingerprints for any subject, obtain attestations). Use a loopback address (127.0.0.1:port), a unix socket (unix:///run/idemgate/extproc.sock), or set grpc_tls; grpc_plaintext_remote: true is the explicit way around (serve then warns at every start)",
+			"listen_plaintext_remote.yaml:6:18: approval_listen: \"0.0.0.0:9091\" is a routable address served in plaintext: approvers' bearer tokens and decisions would cross the network unencrypted. Use a loopback address (127.0.0.1:port), a unix socket (unix:///run/idemgate/approvals.sock), or set approval_tls; approval_plaintext_remote: true is the explicit way around (serve then warns at every start)",
+		}},
+		{file: "tls_and_switch.yaml", want: []string{
+			"tls_and_switch.yaml:7:28: approval_plaintext_remote: set approval_tls or approval_plaintext_remote: true, not both",
+		}},
+		{file: "unix_relative.yaml", want: []string{
+			"unix_relative.yaml:5:14: grpc_listen: invalid unix socket address \"unix://run/idemgate/extproc.sock\": use unix:// and an absolute, clean path, e.g. unix:///run/idemgate/extproc.sock",
+			"unix_relative.yaml:6:18: approval_listen: invalid unix socket address \"unix:///run/idemgate/../approvals.sock\": use unix:// and an absolute, clean path, e.g. unix:///run/idemgate/approvals.sock",
 		}},
 		{file: "bad_listen.yaml", want: []string{
-			"bad_listen.yaml:5:14: grpc_listen: invalid listen address \"50051\": use host:port or :port",
+			"bad_listen.yaml:5:14: grpc_listen: invalid listen address \"50051\": use host:port, :port or unix:///absolute/path",
 		}},
 		{file: "bad_log.yaml", want: []string{
 			"bad_log.yaml:5:14: log.level: unknown level \"verbose\" (known: debug, info, warn, error)",
@@ -105,7 +129,7 @@ func TestBadConfigs(t *testing.T) {
 			"literal_password.yaml:8:5: store.redis.password: unknown key \"password\" (known keys: addrs, db, key_prefix, master_name, mode, password_env, password_file, timeout, tls, username)",
 		}},
 		{file: "many_problems.yaml", want: []string{
-			"many_problems.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, approval_listen, attestation, drain, grpc_listen, limits, log, messages, operations, security, signing, store, subject, tracing, ttl)",
+			"many_problems.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, approval_listen, approval_plaintext_remote, approval_tls, attestation, drain, grpc_listen, grpc_plaintext_remote, grpc_tls, limits, log, messages, operations, security, signing, store, subject, tracing, ttl)",
 			"many_problems.yaml:17:5: operations[0].retires: unknown key \"retires\" (known keys: approval, confirm, downstream_idempotency_header, fingerprint_field, mcp, messages, name, outcomes, params, poll_after, preview, preview_tool, replay, result_ref, scope, status, status_tool, upstream_retries, upstream_timeout)",
 			"many_problems.yaml:6:18: ttl.in_flight: invalid duration \"2 minutes\": use a Go duration such as 250ms, 15m or 72h",
 			"many_problems.yaml:7:22: messages.language: unknown language \"fr\" (known: en, zh)",
@@ -172,7 +196,7 @@ func TestBadConfigs(t *testing.T) {
 			"ttl_replay_cache_long.yaml:5:68: ttl.replay_cache: 2h0m0s must not be longer than ttl.terminal (1h0m0s): Redis never needs a record PostgreSQL no longer keeps",
 		}},
 		{file: "unknown_key.yaml", want: []string{
-			"unknown_key.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, approval_listen, attestation, drain, grpc_listen, limits, log, messages, operations, security, signing, store, subject, tracing, ttl)",
+			"unknown_key.yaml:1:1: grpc_listn: unknown key \"grpc_listn\" (known keys: admin_listen, approval_listen, approval_plaintext_remote, approval_tls, attestation, drain, grpc_listen, grpc_plaintext_remote, grpc_tls, limits, log, messages, operations, security, signing, store, subject, tracing, ttl)",
 		}},
 		{file: "unknown_key_nested.yaml", want: []string{
 			"unknown_key_nested.yaml:14:5: operations[0].retires: unknown key \"retires\" (known keys: approval, confirm, downstream_idempotency_header, fingerprint_field, mcp, messages, name, outcomes, params, poll_after, preview, preview_tool, replay, result_ref, scope, status, status_tool, upstream_retries, upstream_timeout)",

@@ -40,6 +40,13 @@ func TestLoadGood(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, warns)
 	require.Equal(t, ":50051", cfg.GRPCListen)
+	require.Equal(t, &ListenerTLS{
+		CertFile: filepath.Join("testdata", "tls", "server.pem"), KeyFile: filepath.Join("testdata", "tls", "server-key.pem"),
+		ClientCAFile: filepath.Join("testdata", "tls", "ca.pem"),
+		ClientSANs:   []string{"spiffe://cluster.local/ns/payments/sa/envoy", "envoy.payments.svc"},
+	}, cfg.GRPCTLS)
+	require.Equal(t, &ListenerTLS{CertFile: filepath.Join("testdata", "tls", "server.pem"), KeyFile: filepath.Join("testdata", "tls", "server-key.pem")}, cfg.ApprovalTLS)
+	require.False(t, cfg.GRPCPlaintextRemote)
 	require.Equal(t, "json", cfg.Log.Format)
 	require.Equal(t, "k1", cfg.Runtime.Keys.ActiveKeyID())
 	require.Equal(t, []string{"k0", "k1"}, cfg.Runtime.Keys.KeyIDs())

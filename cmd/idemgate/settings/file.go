@@ -17,14 +17,40 @@ package settings
 // level and store are shared with config.File (store.timeout is the
 // server's).
 type File struct {
-	GRPCListen  string `yaml:"grpc_listen"`
-	AdminListen string `yaml:"admin_listen"`
+	GRPCListen string `yaml:"grpc_listen"`
+	// GRPCTLS and GRPCPlaintextRemote: who may reach a routable grpc_listen
+	// (docs/design.md §12, docs/security.md).
+	GRPCTLS             *GRPCTLS `yaml:"grpc_tls"`
+	GRPCPlaintextRemote bool     `yaml:"grpc_plaintext_remote"`
+	AdminListen         string   `yaml:"admin_listen"`
 	// ApprovalListen serves the approvers' API (docs/design.md §10).
-	ApprovalListen string  `yaml:"approval_listen"`
-	Log            Log     `yaml:"log"`
-	Store          Store   `yaml:"store"`
-	Drain          Drain   `yaml:"drain"`
-	Tracing        Tracing `yaml:"tracing"`
+	ApprovalListen          string       `yaml:"approval_listen"`
+	ApprovalTLS             *ApprovalTLS `yaml:"approval_tls"`
+	ApprovalPlaintextRemote bool         `yaml:"approval_plaintext_remote"`
+	Log                     Log          `yaml:"log"`
+	Store                   Store        `yaml:"store"`
+	Drain                   Drain        `yaml:"drain"`
+	Tracing                 Tracing      `yaml:"tracing"`
+}
+
+// GRPCTLS is grpc_tls: the server certificate of the ext_proc listener and
+// who may connect to it (mutual TLS: a client certificate is required).
+type GRPCTLS struct {
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ClientCAFile holds the CA certificates that sign Envoy's client
+	// certificate.
+	ClientCAFile string `yaml:"client_ca_file"`
+	// ClientSANs are the identities allowed to connect: a URI SAN (a
+	// SPIFFE ID) or a DNS SAN of the client certificate must equal one.
+	ClientSANs []string `yaml:"client_sans"`
+}
+
+// ApprovalTLS is approval_tls: the approvers' listener's server
+// certificate (approvers authenticate with bearer tokens, not certificates).
+type ApprovalTLS struct {
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
 }
 
 // Log selects the log level (debug|info|warn|error) and format (text|json).

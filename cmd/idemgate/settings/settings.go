@@ -19,7 +19,9 @@ import (
 
 // Defaults (docs/design.md §6; docs/configuration.md).
 const (
-	DefaultGRPCListen     = ":50051"
+	// DefaultGRPCListen is loopback: the sidecar's Envoy reaches it there
+	// and nothing else can (docs/design.md §12).
+	DefaultGRPCListen     = "127.0.0.1:50051"
 	DefaultAdminListen    = ":9090"
 	DefaultRedisTimeout   = 50 * time.Millisecond
 	DefaultRedisKeyPrefix = "idem:"
@@ -37,7 +39,8 @@ const (
 // sections are idemgate.yaml's top-level keys in the order of its
 // reference: the order problems are listed in.
 var sections = []string{
-	"grpc_listen", "admin_listen", "approval_listen", "log", "signing", "attestation", "subject", "store", "ttl",
+	"grpc_listen", "grpc_tls", "grpc_plaintext_remote", "admin_listen", "approval_listen", "approval_tls",
+	"approval_plaintext_remote", "log", "signing", "attestation", "subject", "store", "ttl",
 	"limits", "messages", "security", "drain", "tracing", "operations",
 }
 
@@ -72,16 +75,28 @@ func (s Secret) MarshalJSON() ([]byte, error) { return []byte(`"` + redacted + `
 // ext_proc server's part as Runtime. It is immutable after Load.
 type Settings struct {
 	// Source is the file the settings were compiled from.
-	Source      string
-	GRPCListen  string
-	AdminListen string
+	Source string
+	// GRPCListen is grpc_listen as written: host:port or unix:///path
+	// (UnixSocketPath).
+	GRPCListen string
+	// GRPCTLS is grpc_tls (nil: plaintext, allowed on a loopback address or
+	// a unix socket, or by GRPCPlaintextRemote).
+	GRPCTLS *ListenerTLS
+	// GRPCPlaintextRemote is grpc_plaintext_remote as written: plaintext on
+	// a routable grpc_listen was asked for explicitly.
+	GRPCPlaintextRemote bool
+	AdminListen         string
 	// ApprovalListen is where the approvers' API listens (empty: off;
 	// approvals are then decided with idemgate ops approvals only).
 	ApprovalListen string
-	Log            LogSettings
-	Store          StoreSettings
-	Drain          DrainSettings
-	Tracing        TracingSettings
+	// ApprovalTLS is approval_tls (only CertFile and KeyFile are used).
+	ApprovalTLS *ListenerTLS
+	// ApprovalPlaintextRemote is approval_plaintext_remote as written.
+	ApprovalPlaintextRemote bool
+	Log                     LogSettings
+	Store                   StoreSettings
+	Drain                   DrainSettings
+	Tracing                 TracingSettings
 	// Runtime is what the ext_proc server is given: operations, routes,
 	// envelopes, keys and the settings of request handling.
 	Runtime *config.Runtime
@@ -207,12 +222,18 @@ func Parse(name string, data []byte, baseDir string, opts config.Options) (*Sett
 	}
 	c := &compiler{ch: ch}
 	s := &Settings{Source: name, Runtime: rt}
-	s.GRPCListen = c.listen(p("grpc_listen"), f.GRPCListen, DefaultGRPCListen)
+	s.GRPCListen = f.GRPCListen
+	if s.GRPCListen == "" {
+		s.GRPCListen = DefaultGRPCListen
+	}
+	s.GRPCTLS = c.grpcTLS(f.GRPCTLS, baseDir)
+	s.GRPCPlaintextRemote = f.GRPCPlaintextRemote
+	c.checkListen(GRPC, s.GRPCListen, s.GRPCTLS != nil, s.GRPCPlaintextRemote)
 	s.AdminListen = c.listen(p("admin_listen"), f.AdminListen, DefaultAdminListen)
 	if s.GRPCListen == s.AdminListen {
 		ch.Errorf(p("admin_listen"), "must differ from grpc_listen (%s)", s.GRPCListen)
 	}
-	s.approvalListen(ch, f.ApprovalListen, rt)
+	s.approvalListen(c, f, rt, baseDir)
 	s.Log = c.log(f.Log)
 	s.Store = c.store(f.Store, rt.Store.Timeout)
 	s.Store.ReplayCache = rt.TTL.ReplayCache
@@ -470,9 +491,10 @@ func (c *compiler) tracing(t Tracing) TracingSettings {
 	return s
 }
 
-// approvalListen checks approval_listen against the listeners and the
-// operations that need approval.
-func (s *Settings) approvalListen(ch *config.Checker, listen string, rt *config.Runtime) {
+// approvalListen checks approval_listen, its TLS and switch, against the
+// listeners and the operations that need approval.
+func (s *Settings) approvalListen(c *compiler, f File, rt *config.Runtime, baseDir string) {
+	ch, listen := c.ch, f.ApprovalListen
 	gated := ""
 	for _, op := range rt.Operations {
 		if op.Approval != nil {
@@ -484,11 +506,14 @@ func (s *Settings) approvalListen(ch *config.Checker, listen string, rt *config.
 		if gated != "" {
 			ch.Warnf(p("approval_listen"), "operation %s needs approvals but approval_listen is not set: approvals can be decided only with idemgate ops approvals", gated)
 		}
+		if f.ApprovalTLS != nil || f.ApprovalPlaintextRemote {
+			ch.Errorf(p("approval_listen"), "required when approval_tls or approval_plaintext_remote is set")
+		}
 		return
 	}
-	if _, port, err := net.SplitHostPort(listen); err != nil || port == "" {
-		ch.Errorf(p("approval_listen"), "invalid listen address %q: use host:port or :port", listen)
-	}
+	s.ApprovalTLS = c.approvalTLS(f.ApprovalTLS, baseDir)
+	s.ApprovalPlaintextRemote = f.ApprovalPlaintextRemote
+	c.checkListen(Approval, listen, s.ApprovalTLS != nil, s.ApprovalPlaintextRemote)
 	if listen == s.GRPCListen || listen == s.AdminListen {
 		ch.Errorf(p("approval_listen"), "must differ from grpc_listen (%s) and admin_listen (%s)", s.GRPCListen, s.AdminListen)
 	}

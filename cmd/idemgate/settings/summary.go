@@ -13,7 +13,7 @@ import (
 // settings where they belong.
 func (s *Settings) WriteSummary(w io.Writer) error {
 	return s.Runtime.WriteSummary(w, config.ProcessSummary{
-		Listen:  fmt.Sprintf("grpc %s, admin %s", s.GRPCListen, s.AdminListen) + s.approvalSummary(),
+		Listen:  "grpc " + s.GRPCListen + listenerSummary(s.GRPCListen, s.GRPCTLS, s.GRPCPlaintextRemote) + ", admin " + s.AdminListen + s.approvalSummary(),
 		Store:   s.Store.summary(),
 		Log:     strings.ToLower(s.Log.Level.String()) + " " + s.Log.Format,
 		Drain:   fmt.Sprintf("%s then stop within %s", s.Drain.Period, s.Drain.Timeout),
@@ -73,5 +73,19 @@ func (s *Settings) approvalSummary() string {
 	if s.ApprovalListen == "" {
 		return ""
 	}
-	return ", approvals " + s.ApprovalListen
+	return ", approvals " + s.ApprovalListen + listenerSummary(s.ApprovalListen, s.ApprovalTLS, s.ApprovalPlaintextRemote)
+}
+
+// listenerSummary says who can reach a listener: its TLS, or plaintext
+// on a routable address by the explicit switch.
+func listenerSummary(listen string, t *ListenerTLS, plaintextRemote bool) string {
+	switch {
+	case t != nil && len(t.ClientSANs) > 0:
+		return " (mTLS, clients " + strings.Join(t.ClientSANs, " ") + ")"
+	case t != nil:
+		return " (TLS)"
+	case PlaintextRemote(listen, t, plaintextRemote):
+		return " (PLAINTEXT on a routable address: plaintext_remote switch)"
+	}
+	return ""
 }
