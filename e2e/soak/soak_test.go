@@ -37,8 +37,12 @@ func TestMain(m *testing.M) { stack.Main(m, "soak", &env, &envErr) }
 // (Redis master killed or failed over, PostgreSQL connections cut, Envoy
 // restarted, the upstream slow, reset or failing) and none that kills an
 // idemgate replica, whose memory would then start over and hide a leak.
+//
+// Not the Sentinel failover either: on a busy two-core machine its wait for
+// a synced replica (20 s) ran out once in twenty minutes, which says
+// nothing about idemgate; killing the master covers the reconnect.
 var soakFaults = []string{
-	chaos.FaultKillRedis, chaos.FaultFailover, chaos.FaultEnvoyRestart, chaos.FaultPGCut,
+	chaos.FaultKillRedis, chaos.FaultEnvoyRestart, chaos.FaultPGCut,
 	chaos.FaultUpstreamSlow, chaos.FaultUpstreamReset, chaos.FaultUpstream5xx,
 }
 
@@ -65,7 +69,7 @@ func TestSoak(t *testing.T) {
 	series := NewSeries()
 	var started time.Time
 	var pauses int
-	chaos.RunLoad(t, env, opts, func(ctx context.Context, tp *chaos.Topology) {
+	injErr := chaos.RunLoad(t, env, opts, func(ctx context.Context, tp *chaos.Topology) {
 		started = time.Now()
 		s, err := NewSampler(ctx, tp, started)
 		if err != nil {
@@ -93,8 +97,11 @@ func TestSoak(t *testing.T) {
 			}
 		}
 	})
-	if t.Failed() {
-		return
+	if started.IsZero() {
+		return // the topology did not come up; RunLoad failed the test
+	}
+	if injErr != nil {
+		t.Errorf("soak: the fault injector could not bring a part back (its lane stopped, the load went on): %v", injErr)
 	}
 	t.Logf("soak: %d replica pauses (SIGSTOP/SIGCONT)", pauses)
 	verdicts := make([]Verdict, len(series))
