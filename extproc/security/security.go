@@ -65,12 +65,14 @@ type Event struct {
 	// a guarded operation (path_not_exact, method_not_allowed), quoted
 	// and cut to a bounded length by the caller.
 	Request string
-	// Listener, Peer and PresentedSAN describe a refused connection
-	// (peer_refused): the listener, the remote address and the SANs of the
-	// certificate it presented ("none" without one).
+	// Listener, Peer, PresentedSAN and Refusal describe a refused
+	// connection (peer_refused): the listener, the remote address, the
+	// SANs of the certificate it presented ("none" without one) and why
+	// (no_certificate, untrusted_certificate, san_not_allowed).
 	Listener     string
 	Peer         string
 	PresentedSAN string
+	Refusal      string
 }
 
 // Counters are the metrics a Reporter bumps. Nil functions are skipped.
@@ -116,6 +118,7 @@ type payload struct {
 	Listener      string   `json:"listener,omitempty"`
 	Peer          string   `json:"peer,omitempty"`
 	PresentedSAN  string   `json:"presented_san,omitempty"`
+	Refusal       string   `json:"refusal,omitempty"`
 	Time          string   `json:"time"`
 }
 
@@ -167,7 +170,8 @@ func (r *Reporter) Report(ctx context.Context, e Event) {
 		attrs = append(attrs, slog.String("request", e.Request))
 	}
 	if e.Peer != "" {
-		attrs = append(attrs, slog.String("listener", e.Listener), slog.String("peer", e.Peer), slog.String("presented_san", e.PresentedSAN))
+		attrs = append(attrs, slog.String("listener", e.Listener), slog.String("peer", e.Peer), slog.String("presented_san", e.PresentedSAN),
+			slog.String("refusal", e.Refusal))
 	}
 	r.logger.LogAttrs(ctx, slog.LevelWarn, logMessage, attrs...)
 	if r.counters.Event != nil {
@@ -179,7 +183,7 @@ func (r *Reporter) Report(ctx context.Context, e Event) {
 	p := payload{
 		Event: eventName, Reason: e.Reason, Operation: e.Operation, Nonce: e.Nonce,
 		SubjectTag: e.SubjectTag, TraceID: e.TraceID, ChangedFields: e.ChangedFields, Keys: e.Keys, Request: e.Request,
-		Listener: e.Listener, Peer: e.Peer, PresentedSAN: e.PresentedSAN,
+		Listener: e.Listener, Peer: e.Peer, PresentedSAN: e.PresentedSAN, Refusal: e.Refusal,
 		Time: r.now().UTC().Format(time.RFC3339Nano),
 	}
 	select {

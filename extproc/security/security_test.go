@@ -102,3 +102,33 @@ func TestWebhookFailureCounted(t *testing.T) {
 	r.Report(t.Context(), Event{Reason: ReasonSubjectMismatch})
 	require.Eventually(t, func() bool { return failed.Load() == 1 }, 5*time.Second, 10*time.Millisecond)
 }
+
+// A refused peer's event carries the listener, the peer's address, the
+// SANs it presented and why, in the log line and the webhook.
+func TestPeerRefusedCarriesThePeer(t *testing.T) {
+	got := make(chan payload, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var p payload
+		body, _ := io.ReadAll(r.Body)
+		if json.Unmarshal(body, &p) == nil {
+			got <- p
+		}
+	}))
+	defer srv.Close()
+	var buf testutil.SyncBuffer
+	r := New(slog.New(slog.NewTextHandler(&buf, nil)), Counters{}, WebhookOptions{URL: srv.URL, Timeout: time.Second, QueueSize: 4})
+	defer r.Close()
+	r.Report(t.Context(), Event{Reason: ReasonPeerRefused, Listener: "grpc", Peer: "10.1.2.3:40000", PresentedSAN: "spiffe://x/y", Refusal: "san_not_allowed"})
+	require.Contains(t, buf.String(), " reason=peer_refused ")
+	require.Contains(t, buf.String(), " listener=grpc peer=10.1.2.3:40000 presented_san=spiffe://x/y refusal=san_not_allowed")
+	select {
+	case p := <-got:
+		require.Equal(t, ReasonPeerRefused, p.Reason)
+		require.Equal(t, "grpc", p.Listener)
+		require.Equal(t, "10.1.2.3:40000", p.Peer)
+		require.Equal(t, "spiffe://x/y", p.PresentedSAN)
+		require.Equal(t, "san_not_allowed", p.Refusal)
+	case <-time.After(5 * time.Second):
+		t.Fatal("webhook not delivered")
+	}
+}

@@ -86,7 +86,7 @@ func TestCheckConfig(t *testing.T) {
 	require.EqualError(t, err, bad+": 4 problem(s)")
 	lines := strings.Split(strings.TrimSpace(errOut.String()), "\n")
 	require.Len(t, lines, 4)
-	require.Equal(t, bad+`:1:1: grpc_listn: unknown key "grpc_listn" (known keys: admin_listen, approval_listen, attestation, drain, grpc_listen, limits, log, messages, operations, security, signing, store, subject, tracing, ttl)`, lines[0])
+	require.Equal(t, bad+`:1:1: grpc_listn: unknown key "grpc_listn" (known keys: admin_listen, approval_listen, approval_plaintext_remote, approval_tls, attestation, drain, grpc_listen, grpc_plaintext_remote, grpc_tls, limits, log, messages, operations, security, signing, store, subject, tracing, ttl)`, lines[0])
 	require.Equal(t, bad+`:7:22: messages.language: unknown language "fr" (known: en, zh)`, lines[3])
 
 	// Warnings are printed and do not fail the check.

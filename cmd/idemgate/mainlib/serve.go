@@ -2,6 +2,7 @@ package mainlib
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -56,10 +58,19 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	if *grpcListen != "" {
+		// The override obeys the file's rule (docs/design.md §12): a flag
+		// must not open the ext_proc listener to the network unnoticed.
+		if err := settings.ListenRule(settings.GRPC, *grpcListen, cfg.GRPCTLS != nil, cfg.GRPCPlaintextRemote); err != nil {
+			return fmt.Errorf("serve: --grpc-listen: %w", err)
+		}
 		cfg.GRPCListen = *grpcListen
 	}
 	if *adminListen != "" {
 		cfg.AdminListen = *adminListen
+	}
+	if *withPprof && !settings.IsLoopback(cfg.AdminListen) {
+		return fmt.Errorf("serve: --pprof needs a loopback admin_listen (127.0.0.1:port), not %q: the profiler exposes process internals, "+
+			"the rest of the admin listener only public data", cfg.AdminListen)
 	}
 	logger := newLogger(stderr, cfg.Log)
 	for _, w := range warns {
@@ -83,7 +94,7 @@ type adminOptions struct {
 
 // run serves a compiled config on the addresses it names.
 func run(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, stderr io.Writer, admin adminOptions) error {
-	grpcLis, err := net.Listen("tcp", cfg.GRPCListen)
+	grpcLis, err := listen.Open(cfg.GRPCListen)
 	if err != nil {
 		return fmt.Errorf("failed to listen on grpc_listen %s: %w", cfg.GRPCListen, err)
 	}
@@ -159,9 +170,13 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 	if err != nil {
 		return err
 	}
+	grpcCreds, err := grpcCredentials(bg, cfg, reporter, listenMetrics, logger)
+	if err != nil {
+		return err
+	}
 	hs := health.NewServer()
 	extproc.SetServing(hs, true)
-	gs := extproc.NewGRPCServer(srv, hs)
+	gs := extproc.NewGRPCServer(srv, hs, grpcCreds...)
 
 	ready := &readiness{}
 	ready.set(false, "starting")
@@ -183,7 +198,7 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 			errs <- fmt.Errorf("admin server stopped: %w", err)
 		}
 	}()
-	approvalSrv, err := serveApprovals(cfg, rt, ss, reporter, metrics, tracer, logger, errs)
+	approvalSrv, err := serveApprovals(bg, cfg, rt, ss, reporter, metrics, listenMetrics, tracer, logger, errs)
 	if err != nil {
 		return err
 	}
@@ -273,7 +288,7 @@ func adminHandler(reg *prometheus.Registry, hs *health.Server, ready *readiness,
 
 // serveApprovals starts the approvers' API on approval_listen (docs/design.md
 // §10), when it is set and the store keeps approvals.
-func serveApprovals(cfg *settings.Settings, rt *config.Runtime, ss *storeSet, reporter approvalapi.Reporter, metrics *extproc.Metrics, tracer trace.Tracer, logger *slog.Logger, errs chan<- error) (*http.Server, error) {
+func serveApprovals(bg context.Context, cfg *settings.Settings, rt *config.Runtime, ss *storeSet, reporter approvalapi.Reporter, metrics *extproc.Metrics, listenMetrics *listen.Metrics, tracer trace.Tracer, logger *slog.Logger, errs chan<- error) (*http.Server, error) {
 	if cfg.ApprovalListen == "" {
 		return nil, nil
 	}
@@ -285,9 +300,20 @@ func serveApprovals(cfg *settings.Settings, rt *config.Runtime, ss *storeSet, re
 	if err != nil {
 		return nil, err
 	}
-	lis, err := net.Listen("tcp", cfg.ApprovalListen)
+	var tlsFiles *listen.Files
+	if cfg.ApprovalTLS != nil {
+		tlsFiles, err = listen.LoadFiles(listen.Approval, *cfg.ApprovalTLS, listenMetrics, logger)
+		if err != nil {
+			return nil, fmt.Errorf("approval_tls: %w", err)
+		}
+	}
+	lis, err := listen.Open(cfg.ApprovalListen)
 	if err != nil {
 		return nil, fmt.Errorf("failed to listen on approval_listen %s: %w", cfg.ApprovalListen, err)
+	}
+	if tlsFiles != nil {
+		go tlsFiles.Watch(bg, tlsPollInterval)
+		lis = tls.NewListener(lis, tlsFiles.ServerConfig())
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
@@ -309,6 +335,27 @@ func notifies(rt *config.Runtime) bool {
 	return false
 }
 
+// tlsPollInterval is how often the listeners' TLS files are checked for a
+// change.
+const tlsPollInterval = listen.DefaultPollInterval
+
+// grpcCredentials are the ext_proc server's transport credentials with
+// grpc_tls: the certificate and client CA re-read as they change, every
+// peer checked in the handshake (cmd/idemgate/listen). Without grpc_tls
+// the listener is plaintext (loopback, a unix socket, or the switch).
+func grpcCredentials(bg context.Context, cfg *settings.Settings, reporter listen.Reporter, m *listen.Metrics, logger *slog.Logger) ([]grpc.ServerOption, error) {
+	if cfg.GRPCTLS == nil {
+		return nil, nil
+	}
+	files, err := listen.LoadFiles(listen.GRPC, *cfg.GRPCTLS, m, logger)
+	if err != nil {
+		return nil, fmt.Errorf("grpc_tls: %w", err)
+	}
+	go files.Watch(bg, tlsPollInterval)
+	peers := listen.NewPeers(files, cfg.GRPCTLS.ClientSANs, reporter, m, logger)
+	return []grpc.ServerOption{grpc.Creds(peers.Credentials())}, nil
+}
+
 // warnPlaintextRemote sets idemgate_listener_plaintext_remote and, for a
 // listener serving plaintext on a routable address by the explicit switch,
 // warns at every start (docs/design.md §12): the switch must stay visible.
@@ -323,7 +370,7 @@ func warnPlaintextRemote(cfg *settings.Settings, m *listen.Metrics, logger *slog
 		m.SetPlaintextRemote(l.name, l.on)
 		if l.on {
 			logger.Warn("PLAINTEXT ON A ROUTABLE ADDRESS: "+l.key+" is true, so anyone who reaches this listener is trusted; "+
-				"use a loopback address, a unix socket or TLS (docs/security.md)", "listener", l.name, "listen", l.addr)
+				"use a loopback address, a unix socket or TLS (docs/design.md §12)", "listener", l.name, "listen", l.addr)
 		}
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -72,6 +73,11 @@ type Options struct {
 	// Approval is set as the approval block of the transfer operations
 	// (HTTP and MCP; docs/design.md §10) when not nil.
 	Approval map[string]any
+	// GRPCUnixSocket: idemgate listens on a unix socket in the test's
+	// directory, and Envoy reaches it through a pipe address.
+	GRPCUnixSocket bool
+	// GRPCTLS: mutual TLS on the ext_proc channel (see channel.go).
+	GRPCTLS *GRPCTLS
 	// WrapUpstream and EditBootstrap: see attest.go.
 	WrapUpstream  func(http.Handler) http.Handler
 	EditBootstrap func([]byte) ([]byte, error)
@@ -157,11 +163,24 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		AdminAddr:  freeAddr(t),
 		log:        &LogBuffer{},
 	}
+	envoyTarget, pipe := g.GRPCAddr, ""
+	if opts.GRPCUnixSocket {
+		g.GRPCAddr = unixSocketListen(dir)
+		pipe = strings.TrimPrefix(g.GRPCAddr, "unix://")
+	}
+	extra := opts.IdemgateConfig
+	if opts.GRPCTLS != nil {
+		extra = maps.Clone(opts.IdemgateConfig)
+		if extra == nil {
+			extra = map[string]any{}
+		}
+		extra["grpc_tls"] = opts.GRPCTLS.grpcTLSConfig()
+	}
 	cfg, err := idemgateConfig{
 		grpcAddr: g.GRPCAddr, adminAddr: g.AdminAddr, redisAddr: s.Redis.Addr,
 		fingerprintTTL: opts.FingerprintTTL, inFlightTTL: opts.InFlightTTL,
 		ignoreKeys: opts.DownstreamIgnoresKeys, upstreamTimeout: opts.ConfirmRouteTimeout,
-		extra: opts.IdemgateConfig, transactionPooler: opts.PostgresThroughPgBouncer,
+		extra: extra, transactionPooler: opts.PostgresThroughPgBouncer,
 		approval: opts.Approval,
 	}.render()
 	if err != nil {
@@ -185,12 +204,15 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		// Port 0: the kernel picks, nothing can take the port between the
 		// choice and the bind (startEnvoy reads the bound ports back).
 		Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
-		Clusters:            map[string]string{envoytest.IdemgateCluster: g.GRPCAddr, envoytest.PaymentsCluster: paymentsAddr},
+		Clusters:            map[string]string{envoytest.IdemgateCluster: envoyTarget, envoytest.PaymentsCluster: paymentsAddr},
 		ConfirmRouteTimeout: opts.ConfirmRouteTimeout,
 		MessageTimeout:      cmp.Or(opts.MessageTimeout, extProcMessageTimeout),
 		ConfirmRetryOn:      confirmRetryOn(opts),
 		RawPaths:            opts.WithoutPathNormalisation,
 	})
+	if err == nil {
+		s.Bootstrap, err = editIdemgateCluster(s.Bootstrap, pipe, opts.GRPCTLS)
+	}
 	if err == nil && opts.EditBootstrap != nil {
 		s.Bootstrap, err = opts.EditBootstrap(s.Bootstrap)
 	}
