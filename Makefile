@@ -46,7 +46,7 @@ services: ## Make sure Redis and PostgreSQL answer on the test addresses (starts
 	@.ci/services.sh
 
 .PHONY: test
-test: services envoy ## Run every test (unit, integration, e2e through real Envoy) with the race detector.
+test: services envoy test-monitoring ## Run every test (unit, integration, e2e through real Envoy) with the race detector.
 	ENVOY_BIN=$(ENVOY) $(TEST_ENV) $(GO) test -race -count=1 -timeout 45m $(GO_TEST_ARGS) ./...
 
 SEED     ?= 15
@@ -55,6 +55,10 @@ DURATION ?= 2m
 chaos: services envoy ## Seeded chaos run through real Envoy and 3 idemgate replicas (SEED=15 DURATION=2m, split between both upstream modes); prints its report.
 	ENVOY_BIN=$(ENVOY) $(TEST_ENV) $(GO) test -count=1 -v -run '^TestChaos$$' -timeout 3h ./e2e/chaos/ \
 		-args -chaos.seed=$(SEED) -chaos.duration=$(DURATION)
+
+.PHONY: test-monitoring
+test-monitoring: ## deploy/monitoring offline (own Go module): promtool check/test rules and a mutation of each alert, the dashboard against Grafana's schema, PromQL parsing, runbook sections, the k8s copies.
+	cd deploy/monitoring/check && $(GO) test -count=1 ./...
 
 # make soak's DURATION defaults to 20m (chaos's DURATION default does not apply).
 SOAK_DURATION = $(if $(filter file undefined,$(origin DURATION)),20m,$(DURATION))
