@@ -1,3 +1,9 @@
+// The classic dashboard schema (dashboard, not dashboardv2): it is the JSON
+// Grafana's file provisioning and its dashboard sidecar load in every
+// version; the SDK marks it deprecated in favour of the v2 schema of
+// Grafana 12's new dashboard API.
+//lint:file-ignore SA1019 the classic schema is the one provisioning loads
+
 package check
 
 import (
