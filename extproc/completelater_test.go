@@ -54,20 +54,24 @@ func TestFailedCompleteIsRetriedInTheBackground(t *testing.T) {
 }
 
 // takeoverDuringComplete is a store on which A's Complete is lost in the air
-// (unavailable) while A's lease runs out and B takes the record over: what a
-// store cut longer than ttl.in_flight looks like from A.
+// (unavailable) while A's lease ends and B takes the record over: what a
+// store cut longer than ttl.in_flight looks like from A. endLease ends A's
+// lease: the fake clock moved past it (memory store), or EndLease for the
+// real stores, whose clocks the test does not own.
 type takeoverDuringComplete struct {
 	state.Store
-	clk   *clock
-	lease time.Duration
-	fired atomic.Bool
+	endLease func(ctx context.Context, claim state.Claim) error
+	lease    time.Duration
+	fired    atomic.Bool
 	// claimB is B's claim once the takeover happened.
 	claimB atomic.Pointer[state.Claim]
 }
 
 func (s *takeoverDuringComplete) Complete(ctx context.Context, claim state.Claim, c state.Completion) (state.Answer, error) {
 	if s.fired.CompareAndSwap(false, true) {
-		s.clk.Advance(s.lease + time.Second)
+		if err := s.endLease(ctx, claim); err != nil {
+			return state.Answer{}, fmt.Errorf("the test could not end A's lease: %w", err)
+		}
 		ans, err := s.Store.Takeover(ctx, state.TakeoverRequest{Key: claim.Key, NewOwner: "replica-b", Fence: claim.Fence, Lease: s.lease})
 		if err != nil || ans.Outcome != state.OutcomeAcquired {
 			return state.Answer{}, fmt.Errorf("the test's takeover by B failed: %v %v", ans.Outcome, err)
@@ -83,12 +87,35 @@ func (s *takeoverDuringComplete) Complete(ctx context.Context, claim state.Claim
 // ended), then A's background complete-later retry runs. It must be refused
 // as NOT_OWNER and leave the record B's: IN_FLIGHT, B's owner and fence, no
 // result. A retry that adopted the current holder's owner and fence would
-// write A's answer over B's claim (a second execution's record lost); this
-// test is what fails then.
+// write A's answer over B's claim (B's execution then replays A's result);
+// this test is what fails then. On the memory store and on the production
+// one (Redis in front of PostgreSQL).
 func TestLateBackgroundCompleteAfterTakeoverIsNotOwner(t *testing.T) {
-	clk := newClock()
-	store := &takeoverDuringComplete{Store: newMemoryStore(clk), clk: clk, lease: 2 * time.Minute}
-	e := newEnv(t, store, clk)
+	const lease = 2 * time.Minute
+	t.Run("memory", func(t *testing.T) {
+		clk := newClock()
+		store := &takeoverDuringComplete{Store: newMemoryStore(clk), lease: lease,
+			endLease: func(context.Context, state.Claim) error { clk.Advance(lease + time.Second); return nil }}
+		lateCompleteAfterTakeover(t, newEnv(t, store, clk), store)
+	})
+	t.Run("tiered", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("needs Redis and PostgreSQL")
+		}
+		backend := tieredStore(t)
+		store := &takeoverDuringComplete{Store: backend, lease: lease,
+			endLease: func(ctx context.Context, claim state.Claim) error {
+				ans, err := backend.EndLease(ctx, claim)
+				if err == nil && ans.Outcome != state.OutcomeOK {
+					err = fmt.Errorf("EndLease answered %s", ans.Outcome)
+				}
+				return err
+			}}
+		lateCompleteAfterTakeover(t, newEnv(t, store, nil), store)
+	})
+}
+
+func lateCompleteAfterTakeover(t *testing.T, e *env, store *takeoverDuringComplete) {
 	d := fakeDialer{srv: e.srv}
 	fp := preview(t, d, "alice", `9`)
 	nonce := e.claimsOf(t, fp, "alice", "payments.transfer").Nonce
