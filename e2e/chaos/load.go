@@ -17,10 +17,10 @@ import (
 // the topology and a context that ends with it; a soak (e2e/soak) samples
 // the processes there. RunLoad returns once watch has returned and every
 // replica answers /readyz again; the topology stops at t's cleanup. It
-// returns the fault injector's error (a part it could not bring back: that
-// lane stopped injecting, the load went on) for the caller to judge after
-// it has kept what watch measured.
-func RunLoad(t testing.TB, env stack.Env, opts Options, watch func(ctx context.Context, tp *Topology)) error {
+// returns the faults injected and the injector's error (a part it could not
+// bring back: that lane stopped injecting, the load went on) for the caller
+// to judge after it has kept what watch measured.
+func RunLoad(t testing.TB, env stack.Env, opts Options, watch func(ctx context.Context, tp *Topology)) ([]Fault, error) {
 	t.Helper()
 	opts.defaults()
 	rec := NewRecorder()
@@ -58,5 +58,6 @@ func RunLoad(t testing.TB, env stack.Env, opts Options, watch func(ctx context.C
 			t.Errorf("idemgate %d not ready after the faults: %v", p.Index, err)
 		}
 	}
-	return injErr
+	_, faults, _ := rec.Snapshot()
+	return faults, injErr
 }

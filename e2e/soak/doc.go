@@ -7,7 +7,7 @@
 //
 //	series.go   a sampled series and the growth check with its bounds
 //	sampler.go  reads each series from /proc, /metrics, pg_stat_activity and INFO memory
-//	pause.go    the soak's own fault beside chaos's: SIGSTOP/SIGCONT of a replica
+//	pause.go    the soak's own faults beside chaos's: SIGSTOP/SIGCONT of a replica, the Redis master restarted in place
 //	svg.go      one plain SVG line plot per series (no plotting library, no network)
 //	report.go   the markdown report
 //

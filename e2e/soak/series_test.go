@@ -119,8 +119,8 @@ func TestReportListsEverySeries(t *testing.T) {
 	ss := []Series{series("a", Bound{Ratio: 1.2, Slack: 1}, ramp(30, 10, 0)...), series("b", Bound{Ratio: 1.2}, ramp(30, 10, 5)...)}
 	vs := []Verdict{Check(ss[0], 0), Check(ss[1], 0)}
 	r := Report(Run{Duration: 20 * time.Minute, Warmup: 5 * time.Minute, Every: 5 * time.Second, Seed: 1, Pods: 3, Agents: 6,
-		Faults: []string{"postgres_cut"}, Started: time.Unix(0, 0)}, ss, vs)
-	for _, want := range []string{"| a |", "| b |", "flat", "**grew**", "![a](a.svg)", "![b](b.svg)", "postgres_cut", "DURATION=20m0s"} {
+		Faults: map[string]int{"postgres_cut": 3}, Started: time.Unix(0, 0)}, ss, vs)
+	for _, want := range []string{"| a |", "| b |", "flat", "**grew**", "![a](a.svg)", "![b](b.svg)", "postgres_cut ×3", "DURATION=20m0s"} {
 		if !strings.Contains(r, want) {
 			t.Errorf("the report has no %q:\n%s", want, r)
 		}
