@@ -212,6 +212,7 @@ func TestMTLSRefusesPeers(t *testing.T) {
 		})
 	}
 
+	requireMetric(t, s, `idemgate_grpc_peers_refused_total{reason="handshake_failed"}`, 0)
 	t.Run("plaintext", func(t *testing.T) {
 		err := extProcClient{name: "plaintext", creds: insecure.NewCredentials()}.tryStream(target)
 		require.Error(t, err)

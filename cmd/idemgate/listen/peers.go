@@ -51,7 +51,7 @@ func (p *Peers) tlsConfig() *tls.Config {
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
 			m := p.files.current()
-			peer := hello.Conn.RemoteAddr().String()
+			peer := addrString(hello.Conn.RemoteAddr())
 			return &tls.Config{
 				MinVersion:   tls.VersionTLS12,
 				Certificates: []tls.Certificate{*m.cert},
@@ -110,7 +110,16 @@ func (p *Peers) refuse(peer, reason string, leaf *x509.Certificate) error {
 // ends here too, and cannot have opened anything.
 func (p *Peers) handshakeFailed(peer net.Addr, err error) {
 	p.metrics.Refused(RefusedHandshake)
-	p.logger.Warn("ext_proc TLS handshake failed", "listener", GRPC, "peer", peer.String(), "error", err)
+	p.logger.Warn("ext_proc TLS handshake failed", "listener", GRPC, "peer", addrString(peer), "error", err)
+}
+
+// addrString is a peer's address for a log line; a unix socket's peer
+// may have none.
+func addrString(a net.Addr) string {
+	if a == nil || a.String() == "" {
+		return "unix"
+	}
+	return a.String()
 }
 
 // sans are a certificate's URI and DNS SANs.
