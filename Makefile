@@ -46,7 +46,7 @@ services: ## Make sure Redis and PostgreSQL answer on the test addresses (starts
 	@.ci/services.sh
 
 .PHONY: test
-test: services envoy ## Run every test (unit, integration, e2e through real Envoy) with the race detector.
+test: services envoy test-monitoring ## Run every test (unit, integration, e2e through real Envoy) with the race detector.
 	ENVOY_BIN=$(ENVOY) $(TEST_ENV) $(GO) test -race -count=1 -timeout 45m $(GO_TEST_ARGS) ./...
 
 SEED     ?= 15
@@ -55,6 +55,18 @@ DURATION ?= 2m
 chaos: services envoy ## Seeded chaos run through real Envoy and 3 idemgate replicas (SEED=15 DURATION=2m, split between both upstream modes); prints its report.
 	ENVOY_BIN=$(ENVOY) $(TEST_ENV) $(GO) test -count=1 -v -run '^TestChaos$$' -timeout 3h ./e2e/chaos/ \
 		-args -chaos.seed=$(SEED) -chaos.duration=$(DURATION)
+
+.PHONY: test-monitoring
+test-monitoring: ## deploy/monitoring offline (own Go module): promtool check/test rules and a mutation of each alert, the dashboard against Grafana's schema, PromQL parsing, runbook sections, the k8s copies.
+	cd deploy/monitoring/check && $(GO) test -count=1 ./...
+
+# make soak's DURATION defaults to 20m (chaos's DURATION default does not apply).
+SOAK_DURATION = $(if $(filter file undefined,$(origin DURATION)),20m,$(DURATION))
+SOAK_TIMEOUT ?= 3h
+.PHONY: soak
+soak: services envoy ## Soak (DURATION=20m): chaos agents at a steady rate with periodic faults; fails if idemgate's RSS, goroutines, fds, PostgreSQL connections or Redis memory grow after warm-up; writes docs/soak/.
+	ENVOY_BIN=$(ENVOY) $(TEST_ENV) $(GO) test -tags soak -count=1 -v -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) ./e2e/soak/ \
+		-args -soak.duration=$(SOAK_DURATION) -soak.out=$(CURDIR)/docs/soak
 
 .PHONY: test-mesh
 test-mesh: services envoy ## The control planes judge k8s/: Envoy Gateway standalone, Istio's generator + istioctl analyze, kubectl-validate (tools built once into .mesh/).

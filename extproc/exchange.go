@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -34,6 +35,9 @@ type exchange struct {
 	// proc handles the stream's messages after its request headers
 	// (processor.go); passThrough until they chose another.
 	proc processor
+	// busy is the time spent handling this stream's messages so far
+	// (idemgate_stream_processing_seconds).
+	busy time.Duration
 
 	// Body modes from protocol_config (sent on the first message only).
 	sawProtocol      bool

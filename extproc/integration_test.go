@@ -14,6 +14,26 @@ import (
 	"github.com/idemgate/idemgate/state/tiered"
 )
 
+// tieredStore is the production store for t: a redis-server of its own in
+// front of a PostgreSQL database created for it, closed at cleanup.
+func tieredStore(t *testing.T) *tiered.Store {
+	t.Helper()
+	rs := testutil.StartRedis(t)
+	dsn := testutil.CreateDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, postgres.Migrate(ctx, dsn))
+	pg, err := postgres.New(ctx, postgres.Options{DSN: dsn})
+	require.NoError(t, err)
+	rd, err := redis.New(redis.Options{Addrs: []string{rs.Addr}, KeyPrefix: "idem:test:"})
+	require.NoError(t, err)
+	ts, err := tiered.New(tiered.Options{Redis: rd, Postgres: pg})
+	require.NoError(t, err)
+	t.Cleanup(func() { ts.Close() })
+	require.NoError(t, ts.Ping(ctx))
+	return ts
+}
+
 // The whole suite over a real grpc.Server on a loopback port, the client
 // driving each stream as Envoy does, against the embedded memory store.
 func TestGRPCMemoryStore(t *testing.T) {

@@ -32,6 +32,8 @@ type Metrics struct {
 	// consumed by the confirm stream, approved and denied by decisions on
 	// the approvers' API, expired by the store (ApprovalTransition).
 	approvals *prometheus.CounterVec
+	// processing is idemgate's own time per stream (see observeProcessing).
+	processing *prometheus.HistogramVec
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -90,12 +92,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemgate_approval_transitions_total",
 			Help: "Approval transitions by operation: requested and consumed (confirm streams), approved and denied (decisions on the approvers' API of this process), expired (lapses this process's store marked).",
 		}, []string{"operation", "transition"}),
+		processing: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "idemgate_stream_processing_seconds",
+			Help: "idemgate's own time per guarded stream, by operation and route: the time spent handling its messages (store calls included), not the time waiting for Envoy or the upstream.",
+			// From a cached replay (tens of µs) to a store call at its deadline.
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"operation", "route"}),
 	}
 	// Exported as 0 from start: an alert on the first refused peer needs
 	// the series to exist before it (docs/design.md §12).
 	m.securityEvents.WithLabelValues(security.ReasonPeerRefused)
 	reg.MustRegister(m.decisions, m.storeLatency, m.fallbacks, m.securityEvents, m.openStreams,
-		m.panics, m.notOwner, m.settlements, m.backgroundAbandons, m.passthrough, m.webhook, m.ready, m.approvals)
+		m.panics, m.notOwner, m.settlements, m.backgroundAbandons, m.passthrough, m.webhook, m.ready, m.approvals, m.processing)
 	return m
 }
 

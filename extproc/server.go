@@ -172,6 +172,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	ex := &exchange{srv: s, ctx: stream.Context(), proc: passThrough}
 	// Deferred first so it runs last: finish's settlement is inside the span.
 	defer ex.traceEnd()
+	defer ex.observeProcessing()
 	// Whatever ends the stream, a record this stream acquired is settled
 	// before Process returns (docs/design.md §8: within one second).
 	defer ex.finish()
@@ -184,7 +185,9 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			}
 			return err
 		}
+		began := time.Now()
 		resp, end := ex.handleSafely(req)
+		ex.busy += time.Since(began)
 		if resp != nil {
 			err := stream.Send(resp)
 			// Send serialised the reply: its buffers are free again.
@@ -243,6 +246,14 @@ func (ex *exchange) logger() *slog.Logger {
 		ex.log = l
 	}
 	return ex.log
+}
+
+// observeProcessing records the stream's busy time, for guarded streams
+// only (a passed-through stream is Envoy's business).
+func (ex *exchange) observeProcessing() {
+	if ex.op != nil {
+		ex.srv.metrics.processing.WithLabelValues(ex.op.Name, ex.kind.String()).Observe(ex.busy.Seconds())
+	}
 }
 
 func (ex *exchange) decision(outcome string) {

@@ -14,6 +14,7 @@
 //	checker.go   the six invariants over a history
 //	report.go    the run's report, the fault log, a nonce's timeline
 //	run.go       one run from start to verdict
+//	load.go      the load alone (topology, agents, faults) for a soak that watches the processes
 //
 // `make chaos SEED=n DURATION=d` runs it; `go test ./e2e/chaos/` (part of
 // make test) runs 40 s with seed 15; -short skips it. checker_test.go feeds

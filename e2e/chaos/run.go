@@ -45,6 +45,11 @@ type Options struct {
 	Approvers int
 	// Rerun is the command the report prints to run this again.
 	Rerun string
+	// FingerprintTTL, TerminalTTL, ReplayCacheTTL and ApprovalTTL replace
+	// the shipped ttl.fingerprint, ttl.terminal, ttl.replay_cache and the
+	// transfer's approval.ttl when set: a soak shortens them so that Redis's
+	// working set levels off within the run.
+	FingerprintTTL, TerminalTTL, ReplayCacheTTL, ApprovalTTL time.Duration
 }
 
 func (o *Options) defaults() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -235,7 +236,7 @@ func (tp *Topology) replicaConfig(grpcAddr, adminAddr, approvalAddr string, appr
 	raw, err := stack.RenderIdemgateConfig(stack.ReplicaConfig{
 		GRPCAddr: grpcAddr, AdminAddr: adminAddr, RedisAddr: tp.Sentinels[0],
 		InFlightTTL: tp.opts.InFlightTTL, IgnoreKeys: !tp.opts.HonoursKeys,
-		UpstreamTimeout: tp.opts.ConfirmRouteTimeout,
+		UpstreamTimeout: tp.opts.ConfirmRouteTimeout, FingerprintTTL: tp.opts.FingerprintTTL,
 	})
 	if err != nil {
 		return nil, err
@@ -243,6 +244,13 @@ func (tp *Topology) replicaConfig(grpcAddr, adminAddr, approvalAddr string, appr
 	doc := map[string]any{}
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
 		return nil, err
+	}
+	ttl := doc["ttl"].(map[string]any)
+	if tp.opts.TerminalTTL > 0 {
+		ttl["terminal"] = tp.opts.TerminalTTL.String()
+	}
+	if tp.opts.ReplayCacheTTL > 0 {
+		ttl["replay_cache"] = tp.opts.ReplayCacheTTL.String()
 	}
 	redis := doc["store"].(map[string]any)["redis"].(map[string]any)
 	redis["mode"] = "sentinel"
@@ -253,6 +261,10 @@ func (tp *Topology) replicaConfig(grpcAddr, adminAddr, approvalAddr string, appr
 	}
 	redis["addrs"] = addrs
 	doc["approval_listen"] = approvalAddr
+	if tp.opts.ApprovalTTL > 0 {
+		approval = maps.Clone(approval)
+		approval["ttl"] = tp.opts.ApprovalTTL.String()
+	}
 	gated := false
 	for _, o := range doc["operations"].([]any) {
 		if op := o.(map[string]any); op["name"] == "transfer" {

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/idemgate/idemgate/cmd/idemgate/census"
 	"github.com/idemgate/idemgate/cmd/idemgate/listen"
 	"github.com/idemgate/idemgate/cmd/idemgate/settings"
 	"github.com/idemgate/idemgate/extproc"
@@ -181,6 +182,9 @@ func runOn(ctx context.Context, cfg *settings.Settings, logger *slog.Logger, on 
 	ready.set(false, "starting")
 	go ready.watch(bg, ss, metrics, logger)
 	go sweep(bg, ss.store, logger)
+	if ss.pg != nil {
+		go census.Run(bg, ss.pg.Census, census.NewMetrics(reg), census.Every, logger)
+	}
 
 	admin := &http.Server{Handler: withJWKS(adminHandler(reg, hs, ready, ss.backend, on.adminOpts), rt.Attestation), ReadHeaderTimeout: 5 * time.Second}
 	errs := make(chan error, 3)

@@ -323,6 +323,17 @@ func allThreadsStopped(pid int) bool {
 	return true
 }
 
+// PID is the running process's id, 0 while it is not running (a soak
+// reads its /proc entries).
+func (g *Idemgate) PID() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cmd == nil {
+		return 0
+	}
+	return g.cmd.Process.Pid
+}
+
 // Resume continues a paused process (SIGCONT).
 func (g *Idemgate) Resume() error { return g.signal(syscall.SIGCONT, "SIGCONT") }
 
