@@ -32,7 +32,8 @@ import (
 
 // kubectl and kustomize are not installed here, so this file renders a
 // kustomization itself: the subset of kustomize our manifests use (resources,
-// directories as bases, configMapGenerator, strategic-merge patches including
+// directories as bases, configMapGenerator (with namespace and
+// options.disableNameSuffixHash), strategic-merge patches including
 // `$patch: delete`), with kustomize's order (resources, generators, patches).
 // A kustomization.yaml that uses anything else fails to decode, so the tests
 // never silently render something kustomize would render differently. One
@@ -54,8 +55,12 @@ type kustomizePatch struct {
 }
 
 type configMapArgs struct {
-	Name  string   `json:"name"`
-	Files []string `json:"files"`
+	Name      string   `json:"name"`
+	Namespace string   `json:"namespace"`
+	Files     []string `json:"files"`
+	Options   *struct {
+		DisableNameSuffixHash bool `json:"disableNameSuffixHash"`
+	} `json:"options"`
 }
 
 // resID names an object the way kustomize matches patches to resources.
@@ -237,7 +242,7 @@ func generateConfigMap(dir string, g configMapArgs) (document, error) {
 	}
 	cm := corev1.ConfigMap{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
-		ObjectMeta: metav1.ObjectMeta{Name: g.Name},
+		ObjectMeta: metav1.ObjectMeta{Name: g.Name, Namespace: g.Namespace},
 		Data:       data,
 	}
 	js, err := json.Marshal(cm)

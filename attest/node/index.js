@@ -31,6 +31,7 @@ const INVALID = 'attestation_invalid';
 const EXPIRED = 'attestation_expired';
 const OTHER_REQUEST = 'attestation_other_request';
 const PARAMS_DIFFER = 'attestation_params_differ';
+const KEYS_STALE = 'attestation_keys_stale';
 
 class VerifyError extends Error {
   constructor(reason, detail) {
@@ -89,7 +90,9 @@ function toClaims(payload) {
 // createVerifier: keys (a JWKS object or text) or jwksUrl (idemgate's admin
 // /.well-known/jwks.json, fetched again on an unknown kid at most every
 // refreshMinInterval ms and after maxAge ms, so a rotation needs no
-// restart). mcpTools makes it an MCP endpoint's verifier: only tools/call
+// restart; while every re-fetch fails the last set is used for maxStale ms
+// past maxAge, then every attestation is refused as attestation_keys_stale,
+// so a withdrawn key cannot stay valid because the JWKS is unreachable). mcpTools makes it an MCP endpoint's verifier: only tools/call
 // of those tools needs an attestation. keyHeader, when present, must equal
 // the attested key. leeway (seconds) tolerates clock skew. logOnly logs
 // refusals and lets requests through.
@@ -99,6 +102,7 @@ function createVerifier(opts = {}) {
     mcpTools: new Set(opts.mcpTools || []), keyHeader: (opts.keyHeader || 'idempotency-key').toLowerCase(),
     leeway: opts.leeway === undefined ? 5 : opts.leeway, maxBodyBytes: opts.maxBodyBytes || 1 << 20, logOnly: !!opts.logOnly,
     refreshMinInterval: opts.refreshMinInterval === undefined ? 5000 : opts.refreshMinInterval, maxAge: opts.maxAge || 300000,
+    maxStale: opts.maxStale === undefined ? 60000 : Math.max(opts.maxStale, 0),
     now: opts.now || (() => Date.now()), logger: opts.logger || console,
   };
   let keys = opts.keys !== undefined ? parseJWKS(opts.keys) : null;
@@ -126,7 +130,11 @@ function createVerifier(opts = {}) {
       })();
     }
     if (inflight) await inflight;
-    if (keys === null || o.now() - fetchedAt > 2 * o.maxAge) return undefined;
+    if (keys === null) return undefined;
+    const age = o.now() - fetchedAt;
+    if (age > o.maxAge + o.maxStale) {
+      throw new VerifyError(KEYS_STALE, `the JWKS at ${opts.jwksUrl} could not be re-fetched: last fetched ${Math.round(age / 1000)}s ago (maxAge ${o.maxAge}ms + maxStale ${o.maxStale}ms)`);
+    }
     return keys.get(kid);
   }
 
@@ -292,6 +300,6 @@ function fastify(verifier) {
 
 module.exports = {
   createVerifier, express, fastify, parseJWKS, VerifyError,
-  HEADER, MCP_META_KEY, MISSING, INVALID, EXPIRED, OTHER_REQUEST, PARAMS_DIFFER,
+  HEADER, MCP_META_KEY, MISSING, INVALID, EXPIRED, OTHER_REQUEST, PARAMS_DIFFER, KEYS_STALE,
   canonical: require('./canonical'),
 };

@@ -81,6 +81,9 @@ var (
 	ErrExpired    = errors.New("attestation expired")
 	ErrRequest    = errors.New("attestation is for another request")
 	ErrParams     = errors.New("body params differ from the attested ones")
+	// ErrKeysStale: the JWKS could not be re-fetched for longer than
+	// MaxAge + MaxStale, so no key of it is trusted any more.
+	ErrKeysStale = errors.New("attestation keys are stale: the JWKS could not be re-fetched")
 )
 
 // parseToken checks a compact JWS and returns its verified claims. keys

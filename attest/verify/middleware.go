@@ -133,7 +133,7 @@ func refuse(w http.ResponseWriter, err error) {
 	for _, known := range []struct {
 		err  error
 		name string
-	}{{ErrMissing, "attestation_missing"}, {ErrExpired, "attestation_expired"}, {ErrRequest, "attestation_other_request"}, {ErrParams, "attestation_params_differ"}} {
+	}{{ErrMissing, "attestation_missing"}, {ErrExpired, "attestation_expired"}, {ErrRequest, "attestation_other_request"}, {ErrParams, "attestation_params_differ"}, {ErrKeysStale, "attestation_keys_stale"}} {
 		if errors.Is(err, known.err) {
 			reason = known.name
 			break

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -292,5 +293,99 @@ func TestJWKSRotation(t *testing.T) {
 	}
 	if fetches.Load() != 2 {
 		t.Fatalf("unknown kids fetched the JWKS %d times", fetches.Load()-2)
+	}
+}
+
+// TestStaleKeySetFailsClosed: while the JWKS cannot be re-fetched, the last
+// key set keeps verifying for MaxStale past MaxAge, then every attestation
+// is refused as attestation_keys_stale (a withdrawn key must not stay valid
+// because the JWKS is unreachable) until a fetch succeeds again; with a
+// negative MaxStale the set is dropped right at MaxAge.
+func TestStaleKeySetFailsClosed(t *testing.T) {
+	s := newSigner(t, "a1", "a1")
+	var down atomic.Bool
+	jwks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write(s.JWKS())
+	}))
+	defer jwks.Close()
+	for _, tc := range []struct {
+		name     string
+		maxStale time.Duration
+		grace    time.Duration // how long past MaxAge the set still verifies
+	}{
+		{"default max_stale", 0, time.Minute},
+		{"max_stale 20s", 20 * time.Second, 20 * time.Second},
+		{"no max_stale", -1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			down.Store(false)
+			now := time.Unix(testNow, 0)
+			clock := func() time.Time { return now }
+			u := newUpstream(t, verify.Options{JWKSURL: jwks.URL, Now: clock, MaxAge: 5 * time.Minute, MaxStale: tc.maxStale})
+			send := func() (int, string) {
+				c := claims()
+				c.IssuedAt, c.Expiry = now.Unix(), now.Unix()+30
+				return u.do(t, "POST", "/v1/transfers/confirm", transferBody, map[string]string{verify.Header: sign(t, s, c)})
+			}
+			if code, body := send(); code != 201 {
+				t.Fatalf("with a fresh key set: %d %s", code, body)
+			}
+			fetched := now
+			down.Store(true)
+			if tc.grace > 0 {
+				now = fetched.Add(5*time.Minute + tc.grace - time.Second)
+				if code, body := send(); code != 201 {
+					t.Fatalf("within max_stale: %d %s", code, body)
+				}
+			}
+			now = fetched.Add(5*time.Minute + tc.grace + time.Second)
+			code, body := send()
+			if code != 403 || !strings.Contains(body, "attestation_keys_stale") {
+				t.Fatalf("past max_age + max_stale with the JWKS down: %d %s, want 403 attestation_keys_stale", code, body)
+			}
+			now = now.Add(time.Minute)
+			if code, _ := send(); code != 403 {
+				t.Fatalf("a later request with the JWKS still down answered %d", code)
+			}
+			down.Store(false)
+			now = now.Add(10 * time.Second) // past RefreshMinInterval
+			if code, body := send(); code != 201 {
+				t.Fatalf("after the JWKS is back: %d %s", code, body)
+			}
+		})
+	}
+}
+
+// TestStaleKeySetError: Verify names the reason (ErrKeysStale) and how old
+// the set is.
+func TestStaleKeySetError(t *testing.T) {
+	s := newSigner(t, "a1", "a1")
+	var down atomic.Bool
+	jwks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write(s.JWKS())
+	}))
+	defer jwks.Close()
+	now := time.Unix(testNow, 0)
+	v, err := verify.New(verify.Options{JWKSURL: jwks.URL, Now: func() time.Time { return now }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first verification fetches the set; its claims need not match.
+	_, _ = v.Verify(t.Context(), verify.Request{Method: "POST", Path: "/x", Token: sign(t, s, claims())})
+	down.Store(true)
+	now = now.Add(7 * time.Minute)
+	c := claims()
+	c.IssuedAt, c.Expiry = now.Unix(), now.Unix()+30
+	_, err = v.Verify(t.Context(), verify.Request{Method: "POST", Path: "/v1/transfers/confirm", Token: sign(t, s, c)})
+	if !errors.Is(err, verify.ErrKeysStale) || !strings.Contains(err.Error(), "last fetched 7m0s ago") {
+		t.Fatalf("got %v, want ErrKeysStale with the set's age", err)
 	}
 }

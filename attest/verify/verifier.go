@@ -25,6 +25,12 @@ type Options struct {
 	HTTPClient         *http.Client
 	RefreshMinInterval time.Duration // default 5s
 	MaxAge             time.Duration // default 5m
+	// MaxStale is how long past MaxAge a key set stays in use while every
+	// re-fetch fails (default 1m; negative: not at all). After MaxAge +
+	// MaxStale without a successful fetch, every verification fails with
+	// ErrKeysStale: a key withdrawn from the JWKS must not stay valid
+	// because the JWKS cannot be reached.
+	MaxStale time.Duration
 
 	// MCPTools, when set, makes the verifier an MCP endpoint's: only a
 	// tools/call of one of these tools (the confirm tools) needs an
@@ -78,6 +84,11 @@ func New(opts Options) (*Verifier, error) {
 	if opts.MaxAge == 0 {
 		opts.MaxAge = 5 * time.Minute
 	}
+	if opts.MaxStale == 0 {
+		opts.MaxStale = time.Minute
+	} else if opts.MaxStale < 0 {
+		opts.MaxStale = 0
+	}
 	if opts.KeyHeader == "" {
 		opts.KeyHeader = "Idempotency-Key"
 	}
@@ -99,10 +110,11 @@ func New(opts Options) (*Verifier, error) {
 }
 
 // key returns the public key for kid, fetching the JWKS when it is
-// unknown or stale.
-func (v *Verifier) key(ctx context.Context, kid string) ed25519.PublicKey {
+// unknown or stale; ErrKeysStale when the set is older than MaxAge +
+// MaxStale because every re-fetch failed.
+func (v *Verifier) key(ctx context.Context, kid string) (ed25519.PublicKey, error) {
 	if v.opts.JWKSURL == "" {
-		return v.opts.Keys[kid]
+		return v.opts.Keys[kid], nil
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -117,11 +129,12 @@ func (v *Verifier) key(ctx context.Context, kid string) ed25519.PublicKey {
 			v.keys, v.fetchedAt = keys, now
 		}
 	}
-	if v.keys != nil && now.Sub(v.fetchedAt) > 2*v.opts.MaxAge {
+	if v.keys != nil && now.Sub(v.fetchedAt) > v.opts.MaxAge+v.opts.MaxStale {
 		// Too old to trust a key that may have been withdrawn.
-		return nil
+		return nil, fmt.Errorf("%w: last fetched %s ago from %s (max_age %s + max_stale %s)",
+			ErrKeysStale, now.Sub(v.fetchedAt).Round(time.Second), v.opts.JWKSURL, v.opts.MaxAge, v.opts.MaxStale)
 	}
-	return v.keys[kid]
+	return v.keys[kid], nil
 }
 
 func (v *Verifier) fetch(ctx context.Context) (KeySet, error) {
@@ -166,7 +179,15 @@ func (v *Verifier) Verify(ctx context.Context, r Request) (*Claims, error) {
 	if r.Token == "" {
 		return nil, ErrMissing
 	}
-	c, kid, err := parseToken(r.Token, func(kid string) ed25519.PublicKey { return v.key(ctx, kid) })
+	var keyErr error
+	c, kid, err := parseToken(r.Token, func(kid string) ed25519.PublicKey {
+		k, err := v.key(ctx, kid)
+		keyErr = err
+		return k
+	})
+	if keyErr != nil {
+		return nil, keyErr
+	}
 	if err != nil {
 		if kid != "" {
 			return nil, fmt.Errorf("%w (kid %s)", err, kid)

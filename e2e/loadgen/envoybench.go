@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/e2e/demoauth"
@@ -36,6 +37,11 @@ const (
 	evPreview = "envoy+preview"
 	evConfirm = "envoy+confirm-tiered"
 	evReplay  = "envoy+replay"
+	// The preview again, with the ext_proc channel private as docs/design.md
+	// §12 asks: mutual TLS to a grpc_tls idemgate, and a unix socket (each
+	// its own idemgate and Envoy), beside evPreview's plaintext loopback.
+	evPreviewMTLS = "envoy+preview mtls"
+	evPreviewUnix = "envoy+preview unix"
 
 	// The same over MCP (operations[transfer_mcp]): tools/call requests of
 	// a 2026-07-28 client to /mcp.
@@ -54,6 +60,8 @@ var envoyColumnDescriptions = map[string]string{
 	evIO:            "(b) plus the naive store round trips: Envoy + the I/O floor server (CONTINUE to everything, plus per request an acquire-like EVALSHA and a PostgreSQL INSERT at the request body, an UPDATE and a complete-like EVALSHA at the response body) on the same Redis and PostgreSQL as idemgate. Preview requests.",
 	evPreview:       "(c) Envoy + idemgate, preview: idemgate signs a fingerprint into the upstream's quote (no store call). Expected: 200 with Idempotency-Fingerprint.",
 	evConfirm:       "(c) Envoy + idemgate, first-time confirm on the tiered store (Redis + PostgreSQL): verify, acquire, the upstream called with Idempotency-Key, complete. Each request carries a distinct fingerprint minted with idemgate's key for the JWT's subject. Expected: 200 with the upstream's mark that it saw the key.",
+	evPreviewMTLS:   "(c) as envoy+preview, the ext_proc channel over mutual TLS: idemgate serves grpc_tls (TLS 1.2+, client certificate required and its SAN checked), Envoy's idemgate cluster carries the UpstreamTlsContext `idemgate envoy-config` writes (client certificate, idemgate's CA and SAN, ALPN h2). Envoy keeps its HTTP/2 connections, so the handshake is paid once per connection, not per request.",
+	evPreviewUnix:   "(c) as envoy+preview, the ext_proc channel over a unix socket (grpc_listen: unix:///…, Envoy's cluster on a pipe address): the sidecar shape of k8s/envoy-gateway.",
 	evReplay:        "(c) Envoy + idemgate, replay: confirms of fingerprints already DONE (a pool confirmed through Envoy beforehand, reused round-robin): idemgate answers from the record after the request body, the upstream is not called. Expected: 200 with Idempotent-Replayed: true.",
 
 	evNoopMCP:      "(b) over MCP: Envoy + the no-op ext_proc server, tools/call of " + mcpUnguardedTool + " (a tool no operation guards) to /mcp with Mcp-Method/Mcp-Name headers; the upstream answers it exactly like the preview tool (the quote as structuredContent plus a text block, JSON). 4 messages per request.",
@@ -64,7 +72,7 @@ var envoyColumnDescriptions = map[string]string{
 }
 
 // envoyColumns lists every column in report order.
-var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evNoop, evAnswer, evIO, evPreview, evConfirm, evReplay, evNoopMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
+var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evNoop, evAnswer, evIO, evPreview, evPreviewMTLS, evPreviewUnix, evConfirm, evReplay, evNoopMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
 
 // idemgateColumns are the columns idemgate serves.
 var idemgateColumns = []string{evPreview, evConfirm, evReplay, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay, evAttachedOther}
@@ -84,8 +92,10 @@ type envoyBench struct {
 	children []stopper
 	envoys   map[string]*envoyProcess // by column
 	idem     *idemgateProcess
-	tokens   []string // bearer JWT per subject index
-	replay   []confirmItem
+	// idemMTLS and idemUnix serve the private-channel preview columns.
+	idemMTLS, idemUnix *idemgateProcess
+	tokens             []string // bearer JWT per subject index
+	replay             []confirmItem
 	// mcpReplay are confirm tool arguments already executed over MCP.
 	mcpReplay []confirmItem
 
@@ -203,6 +213,25 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		e.extProcPid[c] = e.idem.pid()
 	}
 	e.extProcPid[evNoopMCP] = noop.pid()
+	certs, err := writeBenchTLS(e.dir)
+	if err != nil {
+		return err
+	}
+	mtls := settings
+	mtls.GRPCTLS, mtls.ClientSANs = certs, []string{benchClientSAN}
+	if e.idemMTLS, err = startIdemgate(ctx, idemgateSpec{bin: b.bin, dir: e.dir, name: "envoy-mtls", key: b.key, settings: mtls}); err != nil {
+		return err
+	}
+	e.children = append(e.children, e.idemMTLS.child)
+	e.extProcPid[evPreviewMTLS] = e.idemMTLS.pid()
+	if e.idemUnix, err = startIdemgate(ctx, idemgateSpec{bin: b.bin, dir: e.dir, name: "envoy-unix", key: b.key, settings: settings, unixSocket: true}); err != nil {
+		return err
+	}
+	e.children = append(e.children, e.idemUnix.child)
+	e.extProcPid[evPreviewUnix] = e.idemUnix.pid()
+	mtlsCluster := map[string]*tlsv3.UpstreamTlsContext{
+		envoytest.IdemgateCluster: envoytest.IdemgateUpstreamTLS(certs.ClientCert, certs.ClientKey, certs.CAFile, benchServerSAN),
+	}
 
 	// One Envoy per ext_proc target; the no-ext_proc one keeps its idemgate
 	// cluster (health-checked, never used) pointed at the no-op server.
@@ -218,6 +247,8 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		{[]string{evIO}, envoytest.Edits{Clusters: clusters(ioAddr)}},
 		{[]string{evAnswer}, envoytest.Edits{Clusters: clusters(answerAddr)}},
 		{idemgateColumns, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr)}},
+		{[]string{evPreviewMTLS}, envoytest.Edits{Clusters: clusters(e.idemMTLS.grpcAddr), ClusterTLS: mtlsCluster}},
+		{[]string{evPreviewUnix}, envoytest.Edits{Clusters: clusters(e.idemUnix.grpcAddr)}},
 	} {
 		p, err := startEnvoy(ctx, e.bin, e.dir, s.columns[0], s.edits)
 		if err != nil {
@@ -329,7 +360,7 @@ func (e *envoyBench) confirmRequest(it confirmItem) *httpRequest {
 // expected is the outcome label each column must produce.
 func expectedLabel(column string) string {
 	switch column {
-	case evPreview:
+	case evPreview, evPreviewMTLS, evPreviewUnix:
 		return "200 " + markSigned
 	case evConfirm:
 		return "200 " + markKey
@@ -678,6 +709,14 @@ func (e *envoyBench) finish() {
 			Note: "what attaching idemgate costs a request it does not guard: the composite runs no ext_proc (no filter, no stream)."},
 		{Name: "envoy+preview / envoy", Num: evPreview, Den: evPlain, Target: 0.45, TargetConcurrency: at,
 			Note: "a guarded preview against Envoy alone: 4 ext_proc messages (request headers and body, response headers and body)."},
+		{Name: "envoy+preview mtls / envoy", Num: evPreviewMTLS, Den: evPlain,
+			Note: "the same with the ext_proc channel over mutual TLS (grpc_tls)."},
+		{Name: "envoy+preview unix / envoy", Num: evPreviewUnix, Den: evPlain,
+			Note: "the same with the ext_proc channel over a unix socket (the Envoy Gateway sidecar)."},
+		{Name: "envoy+preview mtls / envoy+preview", Num: evPreviewMTLS, Den: evPreview,
+			Note: "what mutual TLS on the ext_proc channel costs against plaintext loopback."},
+		{Name: "envoy+preview unix / envoy+preview", Num: evPreviewUnix, Den: evPreview,
+			Note: "a unix socket against TCP loopback for the ext_proc channel."},
 		{Name: "envoy+replay / envoy", Num: evReplay, Den: evPlain, Note: "2 ext_proc messages; idemgate answers, the upstream is not called."},
 		{Name: "envoy+replay / envoy+noop-answer", Num: evReplay, Den: evAnswer, Note: "against the floor with the same 2 messages and an answer of its own."},
 		{Name: "envoy+confirm-tiered / envoy", Num: evConfirm, Den: evPlain, Note: "4 ext_proc messages and 4 store round trips."},

@@ -75,6 +75,13 @@ func TestThroughEnvoyTiny(t *testing.T) {
 	require.GreaterOrEqual(t, i, 0)
 	require.Len(t, tab.RoundRatios[i].PerConcurrency[4], 3)
 	require.Len(t, tab.RoundRatios[i].PerConcurrency[1], 1)
+	// The private ext_proc channels (mutual TLS, a unix socket) are measured
+	// in the same run, beside plaintext loopback, with their ratios.
+	for _, name := range []string{"envoy+preview mtls / envoy+preview", "envoy+preview unix / envoy+preview", "envoy+preview mtls / envoy", "envoy+preview unix / envoy"} {
+		j := slices.IndexFunc(tab.RoundRatios, func(rr report.RoundRatio) bool { return rr.Name == name })
+		require.GreaterOrEqual(t, j, 0, name)
+		require.Len(t, tab.RoundRatios[j].PerConcurrency[4], 1, name)
+	}
 
 	// Nothing is left behind on the shared services.
 	rdb := goredis.NewClient(&goredis.Options{Addr: defaultSharedRedis()})

@@ -54,8 +54,11 @@ func buildIdemgate(ctx context.Context, root, out, pkg string) error {
 type idemgateSettings struct {
 	GRPCListen  string
 	AdminListen string
-	RedisAddr   string // empty: no Redis
-	KeyPrefix   string // of the Redis keys; empty: idem:
+	// GRPCTLS serves grpc_listen with mutual TLS (grpc_tls) when set.
+	GRPCTLS    *benchTLS
+	ClientSANs []string
+	RedisAddr  string // empty: no Redis
+	KeyPrefix  string // of the Redis keys; empty: idem:
 	// StoreTimeout and RedisTimeout replace envoy/idemgate.yaml's 250ms and
 	// 50ms when set (the behaviour test on a busy machine).
 	StoreTimeout string
@@ -68,6 +71,13 @@ type idemgateSettings struct {
 // drain period is zero because nothing drains between runs.
 var idemgateTemplate = template.Must(template.New("idemgate.yaml").Parse(`# Written by e2e/loadgen for one benchmark run.
 grpc_listen: "{{.GRPCListen}}"
+{{- with .GRPCTLS}}
+grpc_tls:
+  cert_file: "{{.ServerCert}}"
+  key_file: "{{.ServerKey}}"
+  client_ca_file: "{{.CAFile}}"
+  client_sans: [{{range $i, $s := $.ClientSANs}}{{if $i}}, {{end}}"{{$s}}"{{end}}]
+{{- end}}
 admin_listen: "{{.AdminListen}}"
 log: {level: warn, format: json}
 signing:
@@ -151,6 +161,9 @@ type idemgateSpec struct {
 	settings idemgateSettings
 	// pprof serves /debug/pprof/ on its admin listener (serve --pprof).
 	pprof bool
+	// unixSocket serves gRPC on a unix socket in dir instead of a loopback
+	// port; grpcAddr is then unix:///path.
+	unixSocket bool
 }
 
 // startIdemgate writes the config of spec to spec.dir and starts `idemgate
@@ -166,6 +179,9 @@ func startIdemgate(ctx context.Context, spec idemgateSpec) (*idemgateProcess, er
 	}
 	s := spec.settings
 	s.GRPCListen = fmt.Sprintf("127.0.0.1:%d", gp)
+	if spec.unixSocket {
+		s.GRPCListen = "unix://" + filepath.Join(spec.dir, spec.name+".sock")
+	}
 	s.AdminListen = fmt.Sprintf("127.0.0.1:%d", ap)
 	cfg, err := renderIdemgateConfig(s)
 	if err != nil {

@@ -4,13 +4,17 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -41,8 +45,12 @@ type Edits struct {
 	// address (host:port; port 0 lets the kernel choose, Start reads the
 	// bound ports back); empty keeps the shipped one.
 	Listen, Admin string
-	// Clusters points each named cluster's single endpoint at host:port.
+	// Clusters points each named cluster's single endpoint at host:port,
+	// or at a unix socket for unix:///path (a pipe address).
 	Clusters map[string]string
+	// ClusterTLS gives each named cluster an UpstreamTlsContext (for the
+	// idemgate cluster: IdemgateUpstreamTLS, mTLS to grpc_tls).
+	ClusterTLS map[string]*tlsv3.UpstreamTlsContext
 	// ConfirmRouteTimeout replaces the confirm route's timeout when > 0.
 	ConfirmRouteTimeout time.Duration
 	// ConfirmRetryOn replaces the confirm route's retry_policy.retry_on when
@@ -101,6 +109,12 @@ func (e Edits) apply(bs *bootstrapv3.Bootstrap) error {
 		}
 	}
 	for name, addr := range e.Clusters {
+		if path, ok := strings.CutPrefix(addr, "unix://"); ok {
+			if err := setPipe(bs, name, path); err != nil {
+				return err
+			}
+			continue
+		}
 		ep, err := ClusterEndpoint(bs, name)
 		if err != nil {
 			return err
@@ -111,6 +125,17 @@ func (e Edits) apply(bs *bootstrapv3.Bootstrap) error {
 		}
 		ep.Address = sa.Address
 		ep.PortSpecifier = sa.PortSpecifier
+	}
+	for name, ctx := range e.ClusterTLS {
+		c, err := cluster(bs, name)
+		if err != nil {
+			return err
+		}
+		tc, err := anypb.New(ctx)
+		if err != nil {
+			return err
+		}
+		c.TransportSocket = &corev3.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: tc}}
 	}
 	if e.ConfirmRouteTimeout <= 0 && e.ConfirmRetryOn == "" && e.MessageTimeout <= 0 && !e.RawPaths && !e.DropExtProc {
 		return nil
@@ -170,6 +195,56 @@ func ClusterEndpoint(bs *bootstrapv3.Bootstrap, name string) (*corev3.SocketAddr
 		return sa, nil
 	}
 	return nil, fmt.Errorf("envoy.yaml has no cluster %q", name)
+}
+
+// cluster is the static cluster name of bs.
+func cluster(bs *bootstrapv3.Bootstrap, name string) (*clusterv3.Cluster, error) {
+	for _, c := range bs.GetStaticResources().GetClusters() {
+		if c.GetName() == name {
+			return c, nil
+		}
+	}
+	return nil, fmt.Errorf("envoy.yaml has no cluster %q", name)
+}
+
+// setPipe points the single endpoint of cluster name at a unix socket.
+func setPipe(bs *bootstrapv3.Bootstrap, name, path string) error {
+	c, err := cluster(bs, name)
+	if err != nil {
+		return err
+	}
+	eps := c.GetLoadAssignment().GetEndpoints()
+	if len(eps) != 1 || len(eps[0].GetLbEndpoints()) != 1 || eps[0].GetLbEndpoints()[0].GetEndpoint() == nil {
+		return fmt.Errorf("cluster %s of envoy.yaml should have exactly one endpoint", name)
+	}
+	eps[0].GetLbEndpoints()[0].GetEndpoint().Address = &corev3.Address{Address: &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: path}}}
+	return nil
+}
+
+// IdemgateUpstreamTLS is the idemgate cluster's side of grpc_tls, as
+// `idemgate envoy-config` writes it (envoy/pieces): Envoy's client
+// certificate and key, idemgate's CA and the SAN its certificate must
+// carry (URI with a scheme, DNS otherwise), TLS 1.2 or later, ALPN h2.
+func IdemgateUpstreamTLS(certFile, keyFile, caFile, san string) *tlsv3.UpstreamTlsContext {
+	file := func(name string) *corev3.DataSource {
+		return &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: name}}
+	}
+	sanType := tlsv3.SubjectAltNameMatcher_DNS
+	if strings.Contains(san, "://") {
+		sanType = tlsv3.SubjectAltNameMatcher_URI
+	}
+	return &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
+		TlsParams:       &tlsv3.TlsParameters{TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2},
+		AlpnProtocols:   []string{"h2"},
+		TlsCertificates: []*tlsv3.TlsCertificate{{CertificateChain: file(certFile), PrivateKey: file(keyFile)}},
+		ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+			TrustedCa: file(caFile),
+			MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{{
+				SanType: sanType,
+				Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: san}},
+			}},
+		}},
+	}}
 }
 
 // setAddress points *a at hostport, in place when it is a socket address

@@ -8,11 +8,13 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
 
 	"github.com/idemgate/idemgate/envoy"
+	"github.com/idemgate/idemgate/internal/testutil"
 )
 
 // TestRenderBootstrap: the edited envoy.yaml points the listener, the admin
@@ -134,4 +136,32 @@ func TestRenderBootstrapDropsExtProc(t *testing.T) {
 	require.Equal(t, []string{"idemgate.strip_subject", "envoy.filters.http.jwt_authn", "idemgate", "envoy.filters.http.router"}, filters(with))
 	require.Equal(t, []string{"idemgate.strip_subject", "envoy.filters.http.jwt_authn", "envoy.filters.http.router"}, filters(without))
 	requireEnvoyValidates(t, without)
+}
+
+// TestRenderBootstrapPrivateChannel: the idemgate cluster on a unix socket
+// (a pipe address) and with IdemgateUpstreamTLS (as envoy-config writes
+// it); the pinned Envoy accepts both.
+func TestRenderBootstrapPrivateChannel(t *testing.T) {
+	bin := RequireEnvoy(t)
+	files := testutil.WriteTLSFiles(t)
+	out, err := RenderBootstrap(envoy.BootstrapYAML(), Edits{
+		Clusters:   map[string]string{IdemgateCluster: "unix:///run/idemgate/extproc.sock"},
+		ClusterTLS: map[string]*tlsv3.UpstreamTlsContext{IdemgateCluster: IdemgateUpstreamTLS(files.ClientCertFile, files.ClientKeyFile, files.CAFile, "spiffe://cluster.local/ns/p/sa/idemgate")},
+	})
+	require.NoError(t, err)
+	var bs bootstrapv3.Bootstrap
+	require.NoError(t, UnmarshalYAML(out, &bs))
+	c, err := cluster(&bs, IdemgateCluster)
+	require.NoError(t, err)
+	require.Equal(t, "/run/idemgate/extproc.sock", c.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetPipe().GetPath())
+	var ctx tlsv3.UpstreamTlsContext
+	require.NoError(t, c.GetTransportSocket().GetTypedConfig().UnmarshalTo(&ctx))
+	san := ctx.GetCommonTlsContext().GetValidationContext().GetMatchTypedSubjectAltNames()[0]
+	require.Equal(t, tlsv3.SubjectAltNameMatcher_URI, san.GetSanType())
+	require.Equal(t, []string{"h2"}, ctx.GetCommonTlsContext().GetAlpnProtocols())
+	msg, err := ValidateConfig(bin, out, t.TempDir())
+	require.NoError(t, err, msg)
+
+	_, err = RenderBootstrap(envoy.BootstrapYAML(), Edits{ClusterTLS: map[string]*tlsv3.UpstreamTlsContext{"nope": {}}})
+	require.ErrorContains(t, err, `no cluster "nope"`)
 }

@@ -51,6 +51,12 @@ func BootstrapChecks() []Check {
 // retry carries the same Idempotency-Key.
 var SafeRetryOn = []string{"connect-failure", "reset"}
 
+// MCPRetryOn is the only retry condition set allowed on an MCP endpoint's
+// route (sorted): it also carries tools/calls idemgate does not guard, which
+// have no idempotency key, so only a request that never reached the
+// upstream may be retried.
+var MCPRetryOn = []string{"connect-failure", "reset-before-request"}
+
 func checkFilterOrder(g *Gateway, _ *IdemgateConfig) error {
 	want := []string{"HeaderMutation", "JwtAuthentication", "ExternalProcessor", "Router"}
 	var got []string
@@ -485,7 +491,8 @@ func checkConfirmRoutes(g *Gateway, c *IdemgateConfig) error {
 
 // CheckConfirmRoute checks the route a confirm takes: a finite timeout equal
 // to the operation's upstream_timeout, its own retry policy retrying only on
-// reset/connect-failure as often as upstream_retries says, and nothing that
+// reset/connect-failure (an MCP endpoint: only before the request reached
+// the upstream) as often as upstream_retries says, and nothing that
 // rewrites or drops the idempotency header idemgate sets (a retry must carry
 // the same key).
 func CheckConfirmRoute(rc *routev3.RouteConfiguration, m Match, op Operation) error {
@@ -507,8 +514,12 @@ func CheckConfirmRoute(rc *routev3.RouteConfiguration, m Match, op Operation) er
 	} else {
 		on := strings.Split(strings.ReplaceAll(rp.GetRetryOn(), " ", ""), ",")
 		slices.Sort(on)
-		if !slices.Equal(on, SafeRetryOn) {
-			errs = append(errs, fmt.Errorf("retry_on %q, want exactly %q", rp.GetRetryOn(), strings.Join(SafeRetryOn, ",")))
+		want := SafeRetryOn
+		if op.MCP != nil {
+			want = MCPRetryOn
+		}
+		if !slices.Equal(on, want) {
+			errs = append(errs, fmt.Errorf("retry_on %q, want exactly %q", rp.GetRetryOn(), strings.Join(want, ",")))
 		}
 		if len(rp.GetRetriableStatusCodes()) > 0 || len(rp.GetRetriableHeaders()) > 0 {
 			errs = append(errs, errors.New("retriable_status_codes/headers would retry answers idemgate must record"))

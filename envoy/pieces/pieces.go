@@ -50,38 +50,49 @@ type Options struct {
 	// the header so a reader knows what to regenerate from).
 	ConfigPath string
 	// IdemgateAddress is host:port of idemgate's grpc_listen as Envoy
-	// reaches it (a sidecar: 127.0.0.1 and the port of grpc_listen).
+	// reaches it (a sidecar: 127.0.0.1 and the port of grpc_listen), or
+	// unix:///path for a unix socket (a pipe address).
 	IdemgateAddress string
+	// TLS, when set, is how Envoy authenticates to idemgate's grpc_tls
+	// listener and idemgate to Envoy: the cluster gets an UpstreamTlsContext.
+	TLS *UpstreamTLS
 	// UpstreamCluster is the cluster of the operation routes.
 	UpstreamCluster string
 }
 
+// UpstreamTLS is the client side of idemgate's grpc_tls, as files on
+// Envoy's machine.
+type UpstreamTLS struct {
+	// ClientCert and ClientKey are Envoy's client certificate chain and
+	// key (PEM): its SAN must be one of grpc_tls.client_sans.
+	ClientCert, ClientKey string
+	// CA is the file of the CA certificates that sign idemgate's server
+	// certificate.
+	CA string
+	// SAN is the URI (scheme://...) or DNS SAN idemgate's certificate must
+	// carry; SNI is the server name Envoy sends (may be empty).
+	SAN, SNI string
+}
+
+// SANType is the match_typed_subject_alt_names san_type of a SAN: URI
+// when it has a scheme (spiffe://...), DNS otherwise.
+func SANType(san string) string {
+	if strings.Contains(san, "://") {
+		return "URI"
+	}
+	return "DNS"
+}
+
+// unixScheme prefixes an address that is a unix socket path.
+const unixScheme = "unix://"
+
 // Render returns the pieces for rt as commented YAML.
 func Render(rt *config.Runtime, o Options) ([]byte, error) {
-	host, port, err := net.SplitHostPort(o.IdemgateAddress)
-	if err != nil {
-		return nil, fmt.Errorf("idemgate address %q: %w", o.IdemgateAddress, err)
-	}
-	if host == "" {
-		host = "127.0.0.1"
-	}
-	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-		return nil, fmt.Errorf("idemgate address %q: bad port", o.IdemgateAddress)
-	}
 	if o.UpstreamCluster == "" {
 		return nil, fmt.Errorf("an upstream cluster name is required")
 	}
-	// STATIC takes IP addresses only; a name (a Kubernetes Service, a
-	// host) is resolved by Envoy and re-resolved when it changes.
-	clusterType := "STATIC"
-	if net.ParseIP(host) == nil {
-		clusterType = "STRICT_DNS"
-	}
 	data := view{
 		ConfigPath:       o.ConfigPath,
-		ClusterType:      clusterType,
-		Host:             host,
-		Port:             port,
 		Upstream:         o.UpstreamCluster,
 		SubjectHeader:    rt.Subject.Header,
 		MetadataNS:       rt.Subject.MetadataNamespace,
@@ -92,6 +103,16 @@ func Render(rt *config.Runtime, o Options) ([]byte, error) {
 		Routes:           operationRoutes(rt),
 		GuardedPathRegex: guardedPathRegex(rt.GuardedPaths()),
 	}
+	if err := data.setAddress(o.IdemgateAddress); err != nil {
+		return nil, err
+	}
+	if t := o.TLS; t != nil {
+		if t.ClientCert == "" || t.ClientKey == "" || t.CA == "" || t.SAN == "" {
+			return nil, fmt.Errorf("TLS to idemgate needs Envoy's client certificate and key, idemgate's CA and its SAN")
+		}
+		data.TLS, data.SANType = t, SANType(t.SAN)
+	}
+	var err error
 	if data.TooLarge, err = tooLargeEnvelope(rt); err != nil {
 		return nil, err
 	}
@@ -100,6 +121,34 @@ func Render(rt *config.Runtime, o Options) ([]byte, error) {
 		return nil, err
 	}
 	return out.Bytes(), nil
+}
+
+// setAddress sets the cluster's address: a pipe for unix:///path, else a
+// socket address (STATIC for an IP; a name, such as a Kubernetes Service,
+// is resolved by Envoy and re-resolved when it changes: STRICT_DNS).
+func (v *view) setAddress(addr string) error {
+	if path, ok := strings.CutPrefix(addr, unixScheme); ok {
+		if !strings.HasPrefix(path, "/") || len(path) > 107 {
+			return fmt.Errorf("idemgate address %q: a unix socket needs an absolute path of at most 107 bytes", addr)
+		}
+		v.ClusterType, v.Pipe = "STATIC", path
+		return nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("idemgate address %q: %w", addr, err)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("idemgate address %q: bad port", addr)
+	}
+	v.ClusterType, v.Host, v.Port = "STATIC", host, port
+	if net.ParseIP(host) == nil {
+		v.ClusterType = "STRICT_DNS"
+	}
+	return nil
 }
 
 // MessageTimeout is ext_proc's message_timeout for rt: at least four store
@@ -166,8 +215,9 @@ func templateRegex(path string) string {
 	return b.String()
 }
 
-// guardedPathRegex matches the exact guarded paths (with a query string):
-// the local reply mapping answers only their 413s with an envelope.
+// guardedPathRegex matches the guarded paths as idemgate reads them (any
+// case, an optional trailing "/", a query string): the local reply mapping
+// answers only their 413s with an envelope.
 func guardedPathRegex(paths []route.GuardedPath) string {
 	var alts []string
 	seen := map[string]bool{}
@@ -178,7 +228,7 @@ func guardedPathRegex(paths []route.GuardedPath) string {
 			alts = append(alts, r)
 		}
 	}
-	return `^(?:` + strings.Join(alts, "|") + `)(?:\?.*)?$`
+	return `(?i)^(?:` + strings.Join(alts, "|") + `)/?(?:\?.*)?$`
 }
 
 type opRoute struct {
@@ -189,10 +239,15 @@ type opRoute struct {
 	Retries               int
 }
 
+// MCPRetryOn is the retry condition of an MCP endpoint's route: only a
+// request that never reached the upstream is retried.
+const MCPRetryOn = "connect-failure,reset-before-request"
+
 // operationRoutes are the routes of every operation: each HTTP path, a
 // confirm with the operation's timeout and only the retries that keep its
 // key (reset only when the downstream honours keys), and each MCP endpoint
-// with no retry at all.
+// with its operation's retries, only before the request reached the
+// upstream.
 func operationRoutes(rt *config.Runtime) []opRoute {
 	var out []opRoute
 	seenMCP := map[string]bool{}
@@ -227,7 +282,11 @@ func operationRoutes(rt *config.Runtime) []opRoute {
 		}
 		if op.MCP != nil && op.MCP.Endpoint != "" && !seenMCP[op.MCP.Endpoint] {
 			seenMCP[op.MCP.Endpoint] = true
-			out = append(out, opRoute{Op: op.Name, Name: op.Name, Path: op.MCP.Endpoint, Timeout: op.UpstreamTimeout, Confirm: true, RetryOn: "reset,connect-failure"})
+			// One route carries the guarded confirm tool and every other
+			// tools/call, which has no idempotency key: retry only what never
+			// reached the upstream, whatever the downstream does with keys.
+			out = append(out, opRoute{Op: op.Name, Name: op.Name, Path: op.MCP.Endpoint, Timeout: op.UpstreamTimeout, Confirm: true,
+				RetryOn: MCPRetryOn, Retries: op.UpstreamRetries})
 		}
 	}
 	return out
@@ -257,6 +316,9 @@ type view struct {
 	ConfigPath       string
 	ClusterType      string
 	Host, Port       string
+	Pipe             string
+	TLS              *UpstreamTLS
+	SANType          string
 	Upstream         string
 	SubjectHeader    string
 	MetadataNS       string

@@ -33,12 +33,25 @@ operations:
     upstream_retries: 2
 `
 
-func render(t *testing.T, yaml string, o pieces.Options) *envoytest.Pieces {
+func parse(t *testing.T, yaml string) *settings.Settings {
 	t.Helper()
 	s, _, err := settings.Parse("test.yaml", []byte(yaml), t.TempDir(), config.Options{Offline: true})
 	require.NoError(t, err)
-	out, err := pieces.Render(s.Runtime, o)
+	return s
+}
+
+// renderRaw is Render's YAML for yaml.
+func renderRaw(t *testing.T, yaml string, o pieces.Options) []byte {
+	t.Helper()
+	out, err := pieces.Render(parse(t, yaml).Runtime, o)
 	require.NoError(t, err)
+	return out
+}
+
+// render is Render's output for yaml, decoded strictly.
+func render(t *testing.T, yaml string, o pieces.Options) *envoytest.Pieces {
+	t.Helper()
+	out := renderRaw(t, yaml, o)
 	p, err := envoytest.DecodePieces(out)
 	require.NoError(t, err, "%s", out)
 	return p
@@ -93,4 +106,43 @@ func TestRenderRefusesWhatItCannotWrite(t *testing.T) {
 		_, err := pieces.Render(s.Runtime, o)
 		require.Error(t, err, "%+v", o)
 	}
+}
+
+// mcpConfig has an MCP operation with retries and an HTTP operation that
+// sets no upstream_timeout.
+const mcpConfig = `
+signing: {active_key: k1, keys: {k1: {env: IDEMGATE_TEST_KEY}}}
+operations:
+  - name: transfer
+    scope: payments.transfer
+    preview: {method: POST, path: /v1/transfers/preview}
+    confirm: {method: POST, path: /v1/transfers/confirm}
+    status: {method: POST, path: /v1/transfers/status}
+    preview_tool: transfer_preview
+    status_tool: transfer_status
+    params: [amount]
+  - name: transfer_mcp
+    scope: payments.transfer.mcp
+    mcp: {endpoint: /mcp, preview_tool: p, confirm_tool: c, status_tool: s}
+    params: [amount]
+    upstream_timeout: 20s
+    upstream_retries: 2
+`
+
+// An operation without upstream_timeout gets the default route timeout,
+// never 0s (Envoy: no timeout); the MCP route writes its operation's
+// upstream_retries, retrying only what never reached the upstream.
+func TestRouteTimeoutsAndMCPRetries(t *testing.T) {
+	p := render(t, mcpConfig, pieces.Options{ConfigPath: "test.yaml", IdemgateAddress: "127.0.0.1:50051", UpstreamCluster: "api"})
+	byName := map[string]*routev3.Route{}
+	for _, r := range p.Routes {
+		byName[r.GetName()] = r
+		require.Positive(t, r.GetRoute().GetTimeout().AsDuration(), "route %s has no timeout", r.GetName())
+	}
+	require.Equal(t, config.DefaultUpstreamTimeout, byName["transfer_confirm"].GetRoute().GetTimeout().AsDuration())
+	require.Equal(t, config.DefaultUpstreamTimeout, byName["transfer_preview"].GetRoute().GetTimeout().AsDuration())
+	mcp := byName["transfer_mcp"].GetRoute()
+	require.Equal(t, "20s", mcp.GetTimeout().AsDuration().String())
+	require.Equal(t, pieces.MCPRetryOn, mcp.GetRetryPolicy().GetRetryOn())
+	require.EqualValues(t, 2, mcp.GetRetryPolicy().GetNumRetries().GetValue())
 }

@@ -24,7 +24,8 @@ const piecesText = `# idemgate for an Envoy you already run: the pieces to paste
 #
 # Settings to review:
 #   - clusters[idemgate] address: where idemgate's grpc_listen is, as Envoy reaches it
-#     (127.0.0.1 when idemgate runs next to Envoy, as a sidecar or on the same host).
+#     (127.0.0.1 or a unix socket when idemgate runs next to Envoy, as a sidecar or on
+#     the same host; a routable address only with grpc_tls, then with the TLS files).
 #   - your listener's per_connection_buffer_limit_bytes: equal to idemgate
 #     limits.max_body_bytes ({{.MaxBodyBytes}}). BUFFERED mode holds whole bodies: a larger
 #     request gets 413 (an envelope on the operation paths, see local_reply_config), a
@@ -152,13 +153,43 @@ clusters:
     unhealthy_threshold: 2
     healthy_threshold: 1
     grpc_health_check: {}
+{{- if .TLS}}
+  # mTLS to idemgate's grpc_tls listener: Envoy presents its client certificate (its SAN
+  # must be in grpc_tls.client_sans) and accepts only idemgate's certificate, issued by
+  # the CA below with the SAN below. Envoy reads these files at start: to rotate them
+  # without a restart, serve them through SDS instead. ALPN h2 is required by gRPC.
+  transport_socket:
+    name: envoy.transport_sockets.tls
+    typed_config:
+      "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+{{- if .TLS.SNI}}
+      sni: {{q .TLS.SNI}}
+{{- end}}
+      common_tls_context:
+        tls_params: {tls_minimum_protocol_version: TLSv1_2}
+        alpn_protocols: [h2]
+        tls_certificates:
+        - certificate_chain: {filename: {{q .TLS.ClientCert}}}
+          private_key: {filename: {{q .TLS.ClientKey}}}
+        validation_context:
+          trusted_ca: {filename: {{q .TLS.CA}}}
+          match_typed_subject_alt_names:
+          - san_type: {{.SANType}}
+            matcher: {exact: {{q .TLS.SAN}}}
+{{- end}}
   load_assignment:
     cluster_name: idemgate
     endpoints:
     - lb_endpoints:
       - endpoint:
           address:
+{{- if .Pipe}}
+            # idemgate's grpc_listen unix socket: only processes that can open the file
+            # (mode 0660) reach it.
+            pipe: {path: {{q .Pipe}}}
+{{- else}}
             socket_address: {address: {{.Host}}, port_value: {{.Port}}}
+{{- end}}
 
 # 4. RouteConfiguration.virtual_hosts[].routes, BEFORE any route that also matches these
 #    paths: the operation routes, to the upstream cluster {{.Upstream}}. A confirm's
@@ -166,8 +197,10 @@ clusters:
 #    reached the upstream (connect-failure) or, when the downstream honours the
 #    idempotency key, when the connection broke (reset): the retry carries the same key.
 #    Never retry a confirm on 5xx: idemgate records that answer. The status route is
-#    answered by idemgate; the upstream never sees it. An MCP endpoint is never retried:
-#    an unguarded tools/call carries no idempotency key. Other methods and spellings of
+#    answered by idemgate; the upstream never sees it. An MCP endpoint's route retries
+#    (upstream_retries of its operation) only a request that never reached the upstream
+#    (connect-failure, reset-before-request): it also carries tools/calls idemgate does not
+#    guard, which have no idempotency key. Other methods and spellings of
 #    these paths need no route: idemgate refuses them whichever route they take.
 routes:
 {{- range .Routes}}
@@ -190,8 +223,10 @@ routes:
 {{- end}}
 {{- end}}
 
-# 5. HttpConnectionManager.local_reply_config (merge with your mappers): a request body
-#    over the buffer limit on an operation path gets Envoy's own 413 before idemgate sees
+# 5. HttpConnectionManager.local_reply_config: this mapper goes FIRST in your mappers
+#    (Envoy applies only the first mapper whose filter matches; one of yours that matches
+#    a 413 earlier would hide the envelope). A request body over the buffer limit on an
+#    operation path (any case, a trailing "/") gets Envoy's own 413 before idemgate sees
 #    it; this turns it into the envelope an agent can act on.
 local_reply_config:
   mappers:

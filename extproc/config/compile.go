@@ -33,7 +33,22 @@ const (
 	DefaultFingerprintField = "fingerprint"
 	DefaultDownstreamHeader = "idempotency-key"
 	DefaultPollAfter        = 2 * time.Second
+	// DefaultUpstreamTimeout is an operation's upstream_timeout when it sets
+	// none, unless ttl.in_flight is too short for it (DefaultUpstreamTimeoutFor).
+	// Never "no timeout": Envoy reads a 0s route timeout as unbounded, and a
+	// hung upstream would then hold a confirm past its lease.
+	DefaultUpstreamTimeout = 30 * time.Second
 )
+
+// DefaultUpstreamTimeoutFor is the upstream_timeout of an operation that
+// sets none: DefaultUpstreamTimeout, or less when ttl.in_flight is short —
+// at most half of in_flight / (1 + retries), whole seconds and at least one,
+// so the in_flight rule (in_flight > timeout × (1 + retries)) holds for the
+// default with room for Envoy's retry backoff.
+func DefaultUpstreamTimeoutFor(inFlight time.Duration, retries int) time.Duration {
+	d := min(DefaultUpstreamTimeout, inFlight/time.Duration(2*(1+max(retries, 0))))
+	return max(d.Truncate(time.Second), time.Second)
+}
 
 // storeTimeoutWarnAbove is where store.timeout starts to collide with the
 // shipped Envoy message_timeout (1s): a confirm may make two store calls
@@ -600,19 +615,15 @@ func (c *compiler) confirmExecution(op *Operation, o *OperationSpec, at func(...
 	default:
 		c.errorf(at("replay"), "unknown replay mode %q (known: envelope, raw)", o.Replay)
 	}
-	if o.UpstreamTimeout != "" {
-		op.UpstreamTimeout = c.duration(at("upstream_timeout"), o.UpstreamTimeout, DurationRule{})
-	}
 	if o.UpstreamRetries != nil {
 		op.UpstreamRetries = *o.UpstreamRetries
-		switch {
-		case op.UpstreamRetries < 0:
+		if op.UpstreamRetries < 0 {
 			c.errorf(at("upstream_retries"), "must not be negative")
-		case o.UpstreamTimeout == "":
-			c.warnf(at("upstream_retries"), "has no effect without upstream_timeout")
 		}
 	}
-	if budget := op.UpstreamTimeout * time.Duration(1+max(op.UpstreamRetries, 0)); op.UpstreamTimeout > 0 && rt.TTL.InFlight <= budget {
+	// 0s is refused (must be positive): Envoy reads it as no timeout.
+	op.UpstreamTimeout = c.duration(at("upstream_timeout"), o.UpstreamTimeout, DurationRule{Default: DefaultUpstreamTimeoutFor(rt.TTL.InFlight, op.UpstreamRetries)})
+	if budget := op.UpstreamTimeout * time.Duration(1+max(op.UpstreamRetries, 0)); rt.TTL.InFlight <= budget {
 		c.warnf(at("upstream_timeout"), "ttl.in_flight (%s) should exceed upstream_timeout × (1 + upstream_retries) = %s: a confirm still running when its lease ends can be taken over or marked unknown while the upstream is working on it", rt.TTL.InFlight, budget)
 	}
 }

@@ -3,8 +3,9 @@
 //
 //	envoygateway/     Envoy Gateway standalone (File provider, Host
 //	                  infrastructure) on k8s/envoy-gateway, with the pinned
-//	                  Envoy, idemgate on the tiered store and the demo
-//	                  payments API, all on loopback
+//	                  Envoy, idemgate on the tiered store serving the
+//	                  shipped unix socket (the proxy pods' sidecar) and the
+//	                  demo payments API
 //	istio/            Istio's own config generator on k8s/istio (a separate
 //	                  Go module, so the product's go.mod stays small)
 //	kubectlvalidate/  kubectl-validate over every manifest kustomize renders

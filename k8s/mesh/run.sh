@@ -3,7 +3,8 @@
 # Builds the tools once into .mesh/bin (git-ignored; a version stamp beside
 # each binary decides whether it is rebuilt), then runs the three judges:
 #   envoy-gateway     Envoy Gateway standalone + the pinned Envoy + idemgate
-#                     (tiered store) + the demo payments API   k8s/mesh/envoygateway
+#                     (tiered store, on the shipped unix socket: the ext_proc
+#                     cluster is a pipe) + the demo payments API k8s/mesh/envoygateway
 #   istio             Istio's config generator (own Go module) k8s/mesh/istio
 #                     and `istioctl analyze --use-kube=false`
 #   kubectl-validate  every rendered manifest, Kubernetes 1.35 k8s/mesh/kubectlvalidate

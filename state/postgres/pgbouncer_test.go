@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -110,4 +111,27 @@ func TestMigrationLockCannotLeakThroughAPooler(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
 		WHERE l.locktype = 'advisory' AND d.datname = current_database()`).Scan(&held))
 	require.Zero(t, held, "no advisory lock outlives its migration")
+}
+
+// TestUnsetTransactionPoolerIsNamed: behind PgBouncer in transaction mode
+// without store.postgres.pooler: transaction, the connections' named
+// statements collide (SQLSTATE 42P05) and the error, which readiness
+// reports, names the setting that fixes it.
+func TestUnsetTransactionPoolerIsNamed(t *testing.T) {
+	_, bounced := bouncedDatabase(t)
+	s, err := New(t.Context(), Options{DSN: bounced, MaxConns: 6, MinConns: 1})
+	require.NoError(t, err)
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	err = s.Warm(ctx, 6)
+	require.ErrorIs(t, err, ErrTransactionPoolerUnset)
+	require.ErrorContains(t, err, "set store.postgres.pooler: transaction")
+	require.ErrorContains(t, err, "SQLSTATE 42P05")
+	require.Equal(t, 1, strings.Count(err.Error(), "store.postgres.pooler"), "named once: %v", err)
+
+	fixed, err := New(t.Context(), Options{DSN: bounced, MaxConns: 6, MinConns: 1, TransactionPooler: true})
+	require.NoError(t, err)
+	defer fixed.Close()
+	require.NoError(t, fixed.Warm(ctx, 6), "the named setting fixes it")
 }

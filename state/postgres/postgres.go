@@ -191,10 +191,31 @@ func prepareHotStatements(ctx context.Context, conn *pgx.Conn) error {
 				// prepares each statement on first use instead.
 				return nil
 			}
-			return fmt.Errorf("failed to prepare statements: %w", err)
+			return fmt.Errorf("failed to prepare statements: %w", poolerHint(err))
 		}
 	}
 	return nil
+}
+
+// ErrTransactionPoolerUnset says PostgreSQL answered like a connection
+// pooler in transaction mode that idemgate was not told about: a named
+// prepared statement already exists on the server connection (SQLSTATE
+// 42P05), since the pooler hands one server connection to many clients.
+var ErrTransactionPoolerUnset = errors.New("PostgreSQL is reached through a connection pooler in transaction mode " +
+	"(PgBouncer pool_mode=transaction), where named prepared statements collide: " +
+	"set store.postgres.pooler: transaction in idemgate.yaml (or point the DSN at PostgreSQL or a session-mode pooler)")
+
+// duplicatePreparedStatement is SQLSTATE 42P05.
+const duplicatePreparedStatement = "42P05"
+
+// poolerHint wraps err with ErrTransactionPoolerUnset when PostgreSQL's
+// answer means a transaction pooler sits in between.
+func poolerHint(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == duplicatePreparedStatement && !errors.Is(err, ErrTransactionPoolerUnset) {
+		return fmt.Errorf("%w: %w", ErrTransactionPoolerUnset, err)
+	}
+	return err
 }
 
 // undefinedTable is SQLSTATE 42P01.
@@ -215,7 +236,7 @@ func (s *Store) Warm(ctx context.Context, n int) error {
 	for len(conns) < n {
 		c, err := s.pool.Acquire(ctx)
 		if err != nil {
-			return state.Unavailable("warm the postgres pool", err)
+			return state.Unavailable("warm the postgres pool", poolerHint(err))
 		}
 		conns = append(conns, c)
 	}
@@ -592,7 +613,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 
 // Ping implements state.Store.
 func (s *Store) Ping(ctx context.Context) error {
-	return state.Unavailable("ping postgres", s.pool.Ping(ctx))
+	return state.Unavailable("ping postgres", poolerHint(s.pool.Ping(ctx)))
 }
 
 // Close stops the batcher (queued calls fail, batches in flight finish)

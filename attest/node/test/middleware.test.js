@@ -84,3 +84,42 @@ test('an unknown kid refetches the JWKS (key rotation without a restart)', async
     jwks.close();
   }
 });
+
+test('a key set that cannot be re-fetched is refused after maxAge + maxStale (attestation_keys_stale)', async () => {
+  const f = fixtures();
+  let down = false;
+  const jwks = await listen((req, res) => {
+    if (down) { res.statusCode = 503; res.end(); return; }
+    res.end(JSON.stringify(f.jwks));
+  });
+  const lower = (h) => Object.fromEntries(Object.entries(h).map(([k, x]) => [k.toLowerCase(), x]));
+  const current = f.cases.find((c) => c.name === 'the attested confirm');
+  const asRequest = (c) => ({ method: c.method, path: c.path, headers: lower(c.headers), body: Buffer.from(c.body) });
+  try {
+    for (const [maxStale, grace] of [[undefined, 60000], [20000, 20000], [-1, 0]]) {
+      down = false;
+      const start = f.now * 1000;
+      let now = start;
+      const v = createVerifier({ jwksUrl: `http://127.0.0.1:${jwks.address().port}/.well-known/jwks.json`, now: () => now, logger: quiet, maxAge: 300000, maxStale });
+      const reason = async () => {
+        try { await v.check(asRequest(current)); return 'ok'; } catch (e) { return e.reason; }
+      };
+      assert.strictEqual(await reason(), 'ok');
+      down = true;
+      if (grace > 0) {
+        // The key set is still used: only the (fixed) attestation itself has expired.
+        now = start + 300000 + grace - 1000;
+        assert.strictEqual(await reason(), 'attestation_expired', String(maxStale));
+      }
+      now = start + 300000 + grace + 1000;
+      assert.strictEqual(await reason(), 'attestation_keys_stale', String(maxStale));
+      now += 60000;
+      assert.strictEqual(await reason(), 'attestation_keys_stale', String(maxStale));
+      down = false;
+      now += 10000;
+      assert.strictEqual(await reason(), 'attestation_expired', String(maxStale)); // keys fresh again
+    }
+  } finally {
+    jwks.close();
+  }
+});

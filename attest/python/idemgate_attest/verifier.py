@@ -29,6 +29,7 @@ INVALID = "attestation_invalid"
 EXPIRED = "attestation_expired"
 OTHER_REQUEST = "attestation_other_request"
 PARAMS_DIFFER = "attestation_params_differ"
+KEYS_STALE = "attestation_keys_stale"
 
 log = logging.getLogger("idemgate_attest")
 
@@ -75,13 +76,17 @@ class Verifier:
     """Checks attestations. Give keys (a JWKS document: dict, str or bytes) or
     jwks_url (idemgate's admin /.well-known/jwks.json, fetched again on an
     unknown kid at most every refresh_min_interval seconds and after max_age,
-    so a key rotation needs no restart). mcp_tools makes it an MCP endpoint's
+    so a key rotation needs no restart; while every re-fetch fails the last set
+    is used for max_stale seconds past max_age, then every attestation is
+    refused as attestation_keys_stale, so a withdrawn key cannot stay valid
+    because the JWKS is unreachable). mcp_tools makes it an MCP endpoint's
     verifier: only tools/call of those tools needs an attestation. key_header,
     when the request has it, must equal the attested key. leeway (seconds)
     tolerates clock skew. log_only logs refusals and lets requests through."""
 
     def __init__(self, keys=None, jwks_url=None, mcp_tools=(), key_header="idempotency-key", leeway=5,
-                 max_body_bytes=1 << 20, log_only=False, refresh_min_interval=5, max_age=300, now=time.time):
+                 max_body_bytes=1 << 20, log_only=False, refresh_min_interval=5, max_age=300, max_stale=60,
+                 now=time.time):
         if (keys is None) == (jwks_url is None):
             raise ValueError("set exactly one of keys and jwks_url")
         if isinstance(keys, dict) and "keys" in keys:
@@ -95,6 +100,7 @@ class Verifier:
         self.log_only = log_only
         self._min_interval = refresh_min_interval
         self._max_age = max_age
+        self._max_stale = max(max_stale, 0)
         self._now = now
         self._lock = threading.Lock()
         self._fetched_at = 0.0
@@ -113,8 +119,12 @@ class Verifier:
                         self._keys, self._fetched_at = parse_jwks(resp.read(1 << 20)), now
                 except Exception as e:  # keep the old set; a withdrawn key ages out below
                     log.warning("idemgate attestation: failed to fetch the JWKS from %s: %s", self._url, e)
-            if self._keys is None or now - self._fetched_at > 2 * self._max_age:
+            if self._keys is None:
                 return None
+            age = now - self._fetched_at
+            if age > self._max_age + self._max_stale:
+                raise VerifyError(KEYS_STALE, "the JWKS at %s could not be re-fetched: last fetched %ds ago "
+                                  "(max_age %ss + max_stale %ss)" % (self._url, age, self._max_age, self._max_stale))
             return self._keys.get(kid)
 
     def _claims(self, token):

@@ -10,7 +10,7 @@ import threading
 import unittest
 import wsgiref.simple_server
 
-from idemgate_attest import ASGIMiddleware, Verifier, WSGIMiddleware
+from idemgate_attest import ASGIMiddleware, Verifier, VerifyError, WSGIMiddleware
 
 from .helpers import fixtures
 
@@ -159,6 +159,68 @@ class JWKSRefresh(unittest.TestCase):
             clock[0] += 10
             self.assertEqual(check(current)["idk"], "00112233445566778899aabbccddeeff")  # a2: refetched
             self.assertEqual(len(fetches), 2)
+        finally:
+            srv.shutdown()
+            srv.server_close()
+
+
+class JWKSStale(unittest.TestCase):
+    """While the JWKS cannot be re-fetched the last set is used for max_stale past max_age, then every
+    attestation is refused as attestation_keys_stale until a fetch succeeds again."""
+
+    def test_stale_key_set_fails_closed(self):
+        f = fixtures()
+        down = [False]
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                if down[0]:
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                data = json.dumps(f["jwks"]).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        try:
+            for max_stale, grace in ((None, 60), (20, 20), (-1, 0)):
+                down[0] = False
+                start = f["now"]
+                clock = [start]
+                kwargs = {} if max_stale is None else {"max_stale": max_stale}
+                v = Verifier(jwks_url="http://127.0.0.1:%d/.well-known/jwks.json" % srv.server_port,
+                             now=lambda: clock[0], max_age=300, **kwargs)
+                case = next(c for c in f["cases"] if c["name"] == "the attested confirm")
+
+                def check():
+                    try:
+                        v.check(case["method"], case["path"], {k.lower(): x for k, x in case["headers"].items()},
+                                case["body"].encode())
+                        return "ok"
+                    except VerifyError as e:
+                        return e.reason
+
+                self.assertEqual(check(), "ok")
+                down[0] = True
+                if grace:
+                    # The key set is still used: only the (fixed) attestation itself has expired.
+                    clock[0] = start + 300 + grace - 1
+                    self.assertEqual(check(), "attestation_expired", max_stale)
+                clock[0] = start + 300 + grace + 1
+                self.assertEqual(check(), "attestation_keys_stale", max_stale)
+                clock[0] += 60
+                self.assertEqual(check(), "attestation_keys_stale", max_stale)
+                down[0] = False
+                clock[0] += 10
+                self.assertEqual(check(), "attestation_expired", max_stale)  # keys fresh again
         finally:
             srv.shutdown()
             srv.server_close()

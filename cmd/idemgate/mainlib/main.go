@@ -46,9 +46,11 @@ Usage:
       Approvals of gated confirms: list, read (params, rules, audit trail), decide as NAME.
   idemgate tools --config FILE --format openai|anthropic|mcp
       Print the preview, confirm and status tool definitions of every operation.
-  idemgate envoy-config --config FILE [--idemgate-address HOST:PORT] [--upstream-cluster NAME]
+  idemgate envoy-config --config FILE [--idemgate-address HOST:PORT|unix:///PATH] [--upstream-cluster NAME]
+      [--envoy-client-cert F --envoy-client-key F --idemgate-ca F --idemgate-san SAN --idemgate-sni NAME]
       Print the Envoy pieces (filters, cluster, operation routes, 413 envelope) that
-      attach idemgate to an Envoy you already run, derived from the config's operations.
+      attach idemgate to an Envoy you already run, derived from the config's operations;
+      with grpc_tls the cluster carries Envoy's client certificate (mutual TLS).
   idemgate version
   idemgate help
 

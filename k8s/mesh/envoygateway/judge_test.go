@@ -63,11 +63,21 @@ func TestEnvoyGatewayRunsTheShippedFiles(t *testing.T) {
 
 	pay := payments.New(payments.Options{})
 	paymentsAddr := serve(t, pay)
-	ig := startIdemgate(t, idemgateConfigOf(t, objs))
+	cfg := idemgateConfigOf(t, objs)
+	listen, _ := cfg["grpc_listen"].(string)
+	shippedSocket, ok := strings.CutPrefix(listen, "unix://")
+	if !ok {
+		t.Fatalf("the shipped idemgate.yaml listens on %q, want a unix socket (the proxy pods' sidecar)", listen)
+	}
+	ig := startIdemgate(t, cfg)
 
 	gatewayPort := testutil.FreePort(t)
-	resources := standalone(t, objs, localJWKS, version, overlayAddrs{gatewayPort: gatewayPort, idemgate: ig.grpc, payments: paymentsAddr})
 	home := t.TempDir()
+	adminFile := filepath.Join(home, "envoy-admin-address")
+	resources := standalone(t, objs, localJWKS, version, overlayAddrs{
+		gatewayPort: gatewayPort, idemgateSocket: ig.socket, shippedSocket: shippedSocket, payments: paymentsAddr,
+		envoyAdminFile: adminFile,
+	})
 	resourcesDir := filepath.Join(home, "resources")
 	if err := os.MkdirAll(resourcesDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -89,6 +99,15 @@ func TestEnvoyGatewayRunsTheShippedFiles(t *testing.T) {
 			return fmt.Errorf("preview without a token answered %d, want 401", r.status)
 		}
 		return nil
+	})
+
+	// Envoy Gateway wrote the ext_proc cluster on a pipe address, idemgate's
+	// socket: the only way idemgate can be reached here (it has no TCP
+	// listener for gRPC), so the streams below went through it.
+	t.Run("the ext_proc cluster is idemgate's unix socket", func(t *testing.T) {
+		if err := extProcClusterOnPipe(adminFile, ig.socket); err != nil {
+			t.Fatal(err)
+		}
 	})
 
 	t.Run("preview, confirm, replay and status", func(t *testing.T) {
@@ -501,7 +520,7 @@ func waitFor(t *testing.T, timeout time.Duration, p *logged, check func() error)
 
 type idemgate struct {
 	*logged
-	grpc string
+	socket string // gRPC's unix socket
 }
 
 func (g *idemgate) kill() { g.stop() }
@@ -532,7 +551,9 @@ func startIdemgate(t *testing.T, cfg map[string]any) *idemgate {
 	dir := t.TempDir()
 	redis := testutil.StartRedis(t)
 	dsn := testutil.CreateDatabase(t)
-	grpc := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	// As in the proxy pod: gRPC on a unix socket only (here in a test
+	// directory: the pod's emptyDir path does not exist on this machine).
+	socket := filepath.Join(dir, "extproc.sock")
 	admin := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	key := make([]byte, 32)
 	for i := range key {
@@ -542,7 +563,7 @@ func startIdemgate(t *testing.T, cfg map[string]any) *idemgate {
 	if err := os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString(key)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg["grpc_listen"], cfg["admin_listen"] = grpc, admin
+	cfg["grpc_listen"], cfg["admin_listen"] = "unix://"+socket, admin
 	// The shipped :9091 would bind every interface and may be taken here.
 	cfg["approval_listen"] = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	cfg["log"] = map[string]any{"level": "info", "format": "text"}
@@ -574,7 +595,7 @@ func startIdemgate(t *testing.T, cfg map[string]any) *idemgate {
 	cmd := exec.Command(bin, "serve", "--config", path)
 	postgresEnv, _ := meshtest.Path(cfg, "store", "postgres", "dsn_env").(string)
 	cmd.Env = append(os.Environ(), postgresEnv+"="+dsn)
-	g := &idemgate{logged: start(t, "idemgate", cmd), grpc: grpc}
+	g := &idemgate{logged: start(t, "idemgate", cmd), socket: socket}
 	waitFor(t, time.Minute, g.logged, func() error {
 		resp, err := http.Get("http://" + admin + "/readyz")
 		if err != nil {
@@ -587,4 +608,78 @@ func startIdemgate(t *testing.T, cfg map[string]any) *idemgate {
 		return nil
 	})
 	return g
+}
+
+// extProcClusterOnPipe reads the endpoints of the Envoy that Envoy Gateway
+// runs (its admin address is in adminFile; Envoy Gateway sends endpoints
+// over EDS) and checks that the one ext_proc cluster's only endpoint is a
+// pipe address at socket.
+func extProcClusterOnPipe(adminFile, socket string) error {
+	admin, err := os.ReadFile(adminFile)
+	if err != nil {
+		return fmt.Errorf("Envoy's admin address: %w", err)
+	}
+	resp, err := http.Get("http://" + strings.TrimSpace(string(admin)) + "/config_dump?resource=dynamic_endpoint_configs&include_eds")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("config_dump answered %d: %s", resp.StatusCode, body)
+	}
+	var dump struct {
+		Configs []struct {
+			EndpointConfig struct {
+				ClusterName string `json:"cluster_name"`
+				Endpoints   []struct {
+					LBEndpoints []struct {
+						Endpoint struct {
+							Address struct {
+								Pipe *struct {
+									Path string `json:"path"`
+								} `json:"pipe"`
+								SocketAddress *struct {
+									Address   string `json:"address"`
+									PortValue int    `json:"port_value"`
+								} `json:"socket_address"`
+							} `json:"address"`
+						} `json:"endpoint"`
+					} `json:"lb_endpoints"`
+				} `json:"endpoints"`
+			} `json:"endpoint_config"`
+		} `json:"configs"`
+	}
+	if err := json.Unmarshal(body, &dump); err != nil {
+		return fmt.Errorf("config_dump: %w", err)
+	}
+	var extProc []string
+	for _, c := range dump.Configs {
+		name := c.EndpointConfig.ClusterName
+		if !strings.Contains(name, "extproc") {
+			continue
+		}
+		extProc = append(extProc, name)
+		var eps []string
+		for _, e := range c.EndpointConfig.Endpoints {
+			for _, lb := range e.LBEndpoints {
+				switch a := lb.Endpoint.Address; {
+				case a.Pipe != nil:
+					eps = append(eps, "pipe:"+a.Pipe.Path)
+				case a.SocketAddress != nil:
+					eps = append(eps, fmt.Sprintf("tcp:%s:%d", a.SocketAddress.Address, a.SocketAddress.PortValue))
+				}
+			}
+		}
+		if len(eps) != 1 || eps[0] != "pipe:"+socket {
+			return fmt.Errorf("ext_proc cluster %s has endpoints %v, want only pipe:%s", name, eps, socket)
+		}
+	}
+	if len(extProc) != 1 {
+		return fmt.Errorf("want one ext_proc cluster, Envoy has %v", extProc)
+	}
+	return nil
 }

@@ -17,33 +17,40 @@ import (
 // runs on one machine. Everything else, every policy and route included,
 // is the shipped files as kustomize renders them.
 //
-//  1. Only Gateway API and Envoy Gateway kinds are kept: the Deployment,
-//     Service, PodDisruptionBudget, NetworkPolicies and the ConfigMap are
-//     Kubernetes' business (the judge runs idemgate itself, with the config
-//     from the rendered ConfigMap).
-//  2. The GatewayClass points at an EnvoyProxy of type Host with the pinned
-//     Envoy version: without it Envoy Gateway takes the version from its
-//     digest-pinned default image, finds none, and func-e tries the internet.
-//     It also turns hot restart off, whose domain socket another Envoy on
-//     the machine may hold.
+//  1. Only Gateway API and Envoy Gateway kinds are kept: the NetworkPolicies
+//     and the ConfigMap are Kubernetes' business (the judge runs idemgate
+//     itself, with the config from the rendered ConfigMap, as the proxy
+//     pods' sidecar would).
+//  2. The shipped EnvoyProxy (idemgate-sidecar, which the Gateway uses) is
+//     checked to carry idemgate as a sidecar of the Kubernetes proxy pods,
+//     and its provider becomes Host with the pinned Envoy version (a host
+//     runs no pod): without the version Envoy Gateway takes it from its
+//     digest-pinned default image, finds none, and func-e tries the
+//     internet. It also turns hot restart off, whose domain socket another
+//     Envoy on the machine may hold. It moves to envoy-gateway-system and
+//     the GatewayClass points at it too: the file provider loads a single
+//     EnvoyProxy, as the GatewayClass's.
 //  3. Standalone does not resolve Service backendRefs, so the HTTPRoutes'
-//     `payments-api` and the EnvoyExtensionPolicy's `idemgate` become
-//     gateway.envoyproxy.io Backends on 127.0.0.1 (extensionApis.enableBackend).
+//     `payments-api` becomes a gateway.envoyproxy.io Backend on 127.0.0.1
+//     (extensionApis.enableBackend). The shipped Backend `idemgate` (a unix
+//     socket) is kept; only its path moves to where the judge's idemgate
+//     listens (a test directory instead of the pod's emptyDir).
 //  4. The Gateway listens on a free loopback port: host mode binds the
 //     listener's port as written (80 in the shipped file).
 //  5. The SecurityPolicy verifies the demo issuer's tokens against its inline
 //     JWKS, taken from securitypolicy-local-jwks.example.yaml (shipped beside
 //     it for exactly this), instead of fetching a JWKS from the internet.
 type overlayAddrs struct {
-	gatewayPort int
-	idemgate    string // host:port of idemgate's gRPC
-	payments    string // host:port of the payments API
+	gatewayPort    int
+	idemgateSocket string // the path of the judge's idemgate's gRPC unix socket
+	shippedSocket  string // the path in the shipped idemgate.yaml
+	envoyAdminFile string // where Envoy writes its admin address
+	payments       string // host:port of the payments API
 }
 
-// envoyProxyName is the EnvoyProxy the overlay adds; Envoy Gateway puts
-// every object without a namespace into envoy-gateway-system.
+// Envoy Gateway puts every object without a namespace into
+// envoy-gateway-system (but an EnvoyProxy: see standalone).
 const (
-	envoyProxyName      = "standalone-host"
 	envoyGatewayNS      = "envoy-gateway-system"
 	egGroup             = "gateway.envoyproxy.io"
 	extensionPolicyKind = "EnvoyExtensionPolicy"
@@ -59,21 +66,39 @@ func standalone(t *testing.T, objs []meshtest.Object, localJWKS meshtest.Object,
 		}
 		out = append(out, o)
 	}
-	gc := meshtest.Find(t, out, "GatewayClass", "envoy-gateway")
-	meshtest.SetPath(gc, map[string]any{
-		"group": egGroup, "kind": "EnvoyProxy", "name": envoyProxyName, "namespace": envoyGatewayNS,
-	}, "spec", "parametersRef")
-	out = append(out, meshtest.Object{
-		"apiVersion": egGroup + "/v1alpha1", "kind": "EnvoyProxy",
-		"metadata": map[string]any{"name": envoyProxyName, "namespace": envoyGatewayNS},
-		"spec": map[string]any{
+	hostSpec := func() map[string]any {
+		return map[string]any{
 			"provider": map[string]any{"type": "Host", "host": map[string]any{"envoyVersion": envoyVersion}},
 			// Other Envoys on this machine hold hot restart's base id 0.
-			"extraArgs": []any{"--disable-hot-restart"},
-		},
-	})
-
+			// Host mode gives Envoy's admin a random port: Envoy writes it
+			// to a.envoyAdminFile for the judge to read its config.
+			"extraArgs": []any{"--disable-hot-restart", "--admin-address-path", a.envoyAdminFile},
+		}
+	}
 	gw := meshtest.Find(t, out, "Gateway", "payments")
+	sidecarProxy, _ := meshtest.Path(gw, "spec", "infrastructure", "parametersRef", "name").(string)
+	if kind, _ := meshtest.Path(gw, "spec", "infrastructure", "parametersRef", "kind").(string); kind != "EnvoyProxy" || sidecarProxy == "" {
+		t.Fatal("the shipped Gateway should use its own EnvoyProxy (infrastructure.parametersRef)")
+	}
+	ep := meshtest.Find(t, out, "EnvoyProxy", sidecarProxy)
+	if meshtest.Path(ep, "spec", "provider", "type") != "Kubernetes" {
+		t.Fatalf("the shipped EnvoyProxy %s should configure the Kubernetes proxy pods", sidecarProxy)
+	}
+	inits := asList(meshtest.Path(ep, "spec", "provider", "kubernetes", "envoyDeployment", "initContainers"))
+	if len(inits) != 1 || meshtest.Path(inits[0], "name") != "idemgate" || meshtest.Path(inits[0], "restartPolicy") != "Always" {
+		t.Fatalf("the shipped EnvoyProxy %s should carry idemgate as a native sidecar, has %v", sidecarProxy, inits)
+	}
+	ep["spec"] = hostSpec()
+	// Standalone's file provider loads one EnvoyProxy only, as the
+	// GatewayClass's, with the namespace written on it: it is this one, in
+	// Envoy Gateway's namespace (where the Gateway's parametersRef looks),
+	// and the GatewayClass points at it too.
+	meshtest.SetPath(ep, envoyGatewayNS, "metadata", "namespace")
+	gc := meshtest.Find(t, out, "GatewayClass", "envoy-gateway")
+	meshtest.SetPath(gc, map[string]any{
+		"group": egGroup, "kind": "EnvoyProxy", "name": sidecarProxy, "namespace": envoyGatewayNS,
+	}, "spec", "parametersRef")
+
 	listeners, _ := meshtest.Path(gw, "spec", "listeners").([]any)
 	if len(listeners) != 1 {
 		t.Fatalf("the shipped Gateway should have one listener, has %d", len(listeners))
@@ -81,6 +106,7 @@ func standalone(t *testing.T, objs []meshtest.Object, localJWKS meshtest.Object,
 	listeners[0].(map[string]any)["port"] = a.gatewayPort
 
 	backends := map[string]string{}
+	var extProcBackend string
 	for _, o := range out {
 		switch meshtest.Kind(o) {
 		case "HTTPRoute":
@@ -92,29 +118,34 @@ func standalone(t *testing.T, objs []meshtest.Object, localJWKS meshtest.Object,
 		case extensionPolicyKind:
 			for _, ext := range asList(meshtest.Path(o, "spec", "extProc")) {
 				for _, ref := range asList(meshtest.Path(ext, "backendRefs")) {
-					backends[toBackend(t, ref.(map[string]any))] = a.idemgate
+					r := ref.(map[string]any)
+					if r["group"] != egGroup || r["kind"] != "Backend" {
+						t.Fatalf("the shipped extProc backendRef %v should be a Backend", r)
+					}
+					extProcBackend, _ = r["name"].(string)
 				}
 			}
 		case "SecurityPolicy":
 			meshtest.SetPath(o, meshtest.Path(localJWKS, "spec", "jwt"), "spec", "jwt")
 		}
 	}
-	if backends["payments-api"] == "" || backends["idemgate"] == "" {
-		t.Fatalf("the shipped files should refer to Services payments-api and idemgate, found %v", backends)
+	if backends["payments-api"] == "" || extProcBackend == "" {
+		t.Fatalf("the shipped files should refer to Service payments-api and an extProc Backend, found %v and %q", backends, extProcBackend)
 	}
 	for name, addr := range backends {
 		host, port := splitHostPort(t, addr)
-		b := meshtest.Object{
+		out = append(out, meshtest.Object{
 			"apiVersion": egGroup + "/v1alpha1", "kind": "Backend",
 			"metadata": map[string]any{"name": name},
 			"spec":     map[string]any{"endpoints": []any{map[string]any{"ip": map[string]any{"address": host, "port": port}}}},
-		}
-		if name == "idemgate" {
-			// gRPC: HTTP/2 without TLS, as the shipped Service's appProtocol says.
-			meshtest.SetPath(b, []any{"gateway.envoyproxy.io/h2c"}, "spec", "appProtocols")
-		}
-		out = append(out, b)
+		})
 	}
+	b := meshtest.Find(t, out, "Backend", extProcBackend)
+	endpoints := asList(meshtest.Path(b, "spec", "endpoints"))
+	if len(endpoints) != 1 || meshtest.Path(endpoints[0], "unix", "path") != a.shippedSocket {
+		t.Fatalf("the shipped Backend %s should have one unix endpoint, idemgate.yaml's socket %s; has %v", extProcBackend, a.shippedSocket, endpoints)
+	}
+	meshtest.SetPath(endpoints[0].(map[string]any), a.idemgateSocket, "unix", "path")
 	return out
 }
 
