@@ -17,6 +17,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/stretchr/testify/require"
@@ -30,6 +31,7 @@ type sentMessage struct {
 	eos      bool
 	protocol bool              // protocol_config was set
 	attrs    map[string]string // the envoy.filters.http.ext_proc attributes, printed
+	attrNS   string            // the key the attributes came under
 	// upstreamFirst: the upstream had the request before this message was
 	// answered (only measured for a refusal).
 	upstreamFirst bool
@@ -60,7 +62,8 @@ func (p *recordingProcessor) Process(s extprocv3.ExternalProcessor_ProcessServer
 			return nil // Envoy closed or reset the stream
 		}
 		m := sentMessage{protocol: req.GetProtocolConfig() != nil, attrs: map[string]string{}}
-		for _, st := range req.GetAttributes() {
+		for ns, st := range req.GetAttributes() {
+			m.attrNS = ns
 			for k, v := range st.GetFields() {
 				switch kv := v.GetKind().(type) {
 				case *structpb.Value_NumberValue:
@@ -80,6 +83,18 @@ func (p *recordingProcessor) Process(s extprocv3.ExternalProcessor_ProcessServer
 		case *extprocv3.ProcessingRequest_RequestHeaders:
 			m.kind, m.eos = "request_headers", r.RequestHeaders.GetEndOfStream()
 			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}
+			for _, h := range r.RequestHeaders.GetHeaders().GetHeaders() {
+				if h.GetKey() == ":path" && strings.HasSuffix(string(h.GetRawValue()), "/override") {
+					// What a body-only preview asks at its request headers.
+					resp.ModeOverride = &filterv3.ProcessingMode{
+						ResponseHeaderMode:  filterv3.ProcessingMode_SKIP,
+						RequestBodyMode:     filterv3.ProcessingMode_BUFFERED,
+						ResponseBodyMode:    filterv3.ProcessingMode_BUFFERED,
+						RequestTrailerMode:  filterv3.ProcessingMode_SKIP,
+						ResponseTrailerMode: filterv3.ProcessingMode_SKIP,
+					}
+				}
+			}
 		case *extprocv3.ProcessingRequest_RequestBody:
 			m.kind, m.eos = "request_body", r.RequestBody.GetEndOfStream()
 			if strings.HasSuffix(m.attrs["request.path"], "/refuse") {
@@ -196,7 +211,7 @@ func (u *recordingUpstream) last() upstreamSaw {
 // fewerMessagesBootstrap is an Envoy with one ext_proc filter in the
 // reduced mode under study: both header messages skipped, both bodies
 // buffered, what idemgate reads from the headers asked for as attributes.
-func fewerMessagesBootstrap(procAddr, upstreamAddr string, responseHeaderMode string) string {
+func fewerMessagesBootstrap(procAddr, upstreamAddr string, requestHeaderMode, responseHeaderMode string, composite bool) string {
 	ph, pp, _ := net.SplitHostPort(procAddr)
 	uh, up, _ := net.SplitHostPort(upstreamAddr)
 	return fmt.Sprintf(`admin: {address: {socket_address: {address: 127.0.0.1, port_value: 0}}}
@@ -219,22 +234,7 @@ static_resources:
               - match: {prefix: /}
                 route: {cluster: upstream}
           http_filters:
-          - name: envoy.filters.http.ext_proc
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-              grpc_service: {envoy_grpc: {cluster_name: proc}}
-              failure_mode_allow: false
-              message_timeout: 5s
-              processing_mode:
-                request_header_mode: SKIP
-                response_header_mode: %s
-                request_body_mode: BUFFERED
-                response_body_mode: BUFFERED
-                request_trailer_mode: SKIP
-                response_trailer_mode: SKIP
-              request_attributes: [request.path, request.method, request.id, "request.headers['x-subject']", "request.headers['content-type']"]
-              response_attributes: [response.code]
-          - name: envoy.filters.http.router
+%s          - name: envoy.filters.http.router
             typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
   clusters:
   - name: upstream
@@ -253,7 +253,63 @@ static_resources:
     load_assignment:
       cluster_name: proc
       endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: %s, port_value: %s}}}}]}]
-`, responseHeaderMode, uh, up, ph, pp)
+`, extProcFilter(requestHeaderMode, responseHeaderMode, composite), uh, up, ph, pp)
+}
+
+// extProcFilter is the ext_proc filter under study, as an HCM http_filters
+// entry: plain, or (composite) run by a composite filter whose matcher
+// selects every request, as idemgate envoy-config writes it.
+func extProcFilter(requestHeaderMode, responseHeaderMode string, composite bool) string {
+	plain := fmt.Sprintf(`          - name: idemgate-under-test
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service: {envoy_grpc: {cluster_name: proc}}
+              failure_mode_allow: false
+              message_timeout: 5s
+              allow_mode_override: true
+              processing_mode:
+                request_header_mode: %[1]s
+                response_header_mode: %[2]s
+                request_body_mode: BUFFERED
+                response_body_mode: BUFFERED
+                request_trailer_mode: SKIP
+                response_trailer_mode: SKIP
+              request_attributes: [request.path, request.method, request.id, "request.headers['x-subject']", "request.headers['content-type']"]
+              response_attributes: [response.code]
+`, requestHeaderMode, responseHeaderMode)
+	if !composite {
+		return plain
+	}
+	// The same typed_config, as the composite's action.
+	_, cfg, _ := strings.Cut(plain, "            typed_config:\n")
+	var inner strings.Builder
+	for _, line := range strings.Split(strings.TrimRight(cfg, "\n"), "\n") {
+		inner.WriteString("                " + line + "\n")
+	}
+	return `          - name: idemgate-under-test
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher
+              xds_matcher:
+                matcher_list:
+                  matchers:
+                  - predicate:
+                      single_predicate:
+                        input:
+                          name: request-path
+                          typed_config: {"@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput, header_name: ":path"}
+                        value_match: {prefix: /}
+                    on_match:
+                      action:
+                        name: run-ext-proc
+                        typed_config:
+                          "@type": type.googleapis.com/envoy.extensions.filters.http.composite.v3.ExecuteFilterAction
+                          typed_config:
+                            name: envoy.filters.http.ext_proc
+                            typed_config:
+` + inner.String() + `              extension_config:
+                name: envoy.filters.http.composite
+                typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.composite.v3.Composite}
+`
 }
 
 // fewerMessagesRig is the pinned Envoy between a recording upstream and a
@@ -266,6 +322,19 @@ type fewerMessagesRig struct {
 }
 
 func startFewerMessagesRig(t *testing.T, responseHeaderMode string) *fewerMessagesRig {
+	t.Helper()
+	return startRig(t, "SKIP", responseHeaderMode)
+}
+
+// startRig is the rig with both header modes chosen.
+func startRig(t *testing.T, requestHeaderMode, responseHeaderMode string) *fewerMessagesRig {
+	t.Helper()
+	return startRigWith(t, requestHeaderMode, responseHeaderMode, false)
+}
+
+// startRigWith is startRig, the filter run by a composite when composite
+// is set.
+func startRigWith(t *testing.T, requestHeaderMode, responseHeaderMode string, composite bool) *fewerMessagesRig {
 	t.Helper()
 	bin := RequireEnvoy(t)
 	arrived := make(chan struct{}, 1)
@@ -285,7 +354,7 @@ func startFewerMessagesRig(t *testing.T, responseHeaderMode string) *fewerMessag
 	t.Cleanup(func() { _ = us.Close() })
 
 	// Start's error carries Envoy's last lines.
-	e, err := Start(t.Context(), Options{Bin: bin, Bootstrap: []byte(fewerMessagesBootstrap(pl.Addr().String(), ul.Addr().String(), responseHeaderMode)),
+	e, err := Start(t.Context(), Options{Bin: bin, Bootstrap: []byte(fewerMessagesBootstrap(pl.Addr().String(), ul.Addr().String(), requestHeaderMode, responseHeaderMode, composite)),
 		Dir: t.TempDir(), Listener: "in"})
 	require.NoError(t, err)
 	t.Cleanup(e.Kill)
@@ -551,6 +620,26 @@ func TestFewerMessagesResponseChangedFromItsBody(t *testing.T) {
 			} else {
 				require.Empty(t, x.fingerprint, "the header set with it does not")
 			}
+		})
+	}
+}
+
+// TestFewerMessagesResponseHeadersSkippedByOverride pins what a body-only
+// preview relies on: with both header modes SEND at filter level, a
+// mode_override in the request-headers reply skips the response headers;
+// the response body message then carries response.code.
+func TestFewerMessagesResponseHeadersSkippedByOverride(t *testing.T) {
+	for _, composite := range []bool{false, true} {
+		t.Run(fmt.Sprintf("composite=%v", composite), func(t *testing.T) {
+			r := startRigWith(t, "SEND", "SEND", composite)
+			hdr := map[string]string{"x-subject": "alice", "Content-Type": "application/json"}
+			x := r.do(t, r.h1, newRequest(t, http.MethodPost, r.url("/v1/payments/override"), strings.NewReader(`{"amount":100}`), hdr))
+			require.Equal(t, http.StatusOK, x.status)
+			require.Len(t, x.streams, 1)
+			s := x.streams[0]
+			t.Logf("%+v", s)
+			require.Equal(t, []string{"request_headers", "request_body", "response_body"}, kinds(s))
+			require.Equal(t, "200", s[2].attrs["response.code"])
 		})
 	}
 }
