@@ -11,7 +11,7 @@ import (
 
 // bodyOnlyEnv is the test server with the transfer preview's fingerprint
 // in the body only (preview.fingerprint_header: false).
-func bodyOnlyEnv(t *testing.T) *env {
+func bodyOnlyEnv(t testing.TB) *env {
 	t.Helper()
 	e := newEnv(t, nil, nil)
 	yaml := strings.Replace(testConfigYAML, "preview: {method: POST, path: /v1/transfers/preview}",
