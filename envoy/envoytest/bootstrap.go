@@ -68,6 +68,10 @@ type Edits struct {
 	// configs that disable it stay: they name a filter type Envoy knows,
 	// which is all it checks.
 	DropExtProc bool
+	// ResponseCode adds response_attributes: [response.code] to the ext_proc
+	// filter, as `idemgate envoy-config` writes it for a config with a
+	// preview.fingerprint_header: false.
+	ResponseCode bool
 }
 
 // RenderBootstrap returns shipped (envoy/envoy.yaml, or a variant of it)
@@ -137,7 +141,7 @@ func (e Edits) apply(bs *bootstrapv3.Bootstrap) error {
 		}
 		c.TransportSocket = &corev3.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: tc}}
 	}
-	if e.ConfirmRouteTimeout <= 0 && e.ConfirmRetryOn == "" && e.MessageTimeout <= 0 && !e.RawPaths && !e.DropExtProc {
+	if e.ConfirmRouteTimeout <= 0 && e.ConfirmRetryOn == "" && e.MessageTimeout <= 0 && !e.RawPaths && !e.DropExtProc && !e.ResponseCode {
 		return nil
 	}
 	return editHCM(listeners[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig(), func(h *hcmv3.HttpConnectionManager) error {
@@ -167,6 +171,11 @@ func (e Edits) apply(bs *bootstrapv3.Bootstrap) error {
 		}
 		if e.MessageTimeout > 0 {
 			if err := setMessageTimeout(h, e.MessageTimeout); err != nil {
+				return err
+			}
+		}
+		if e.ResponseCode {
+			if err := editExtProc(h, func(ep *extprocv3.ExternalProcessor) { ep.ResponseAttributes = []string{"response.code"} }); err != nil {
 				return err
 			}
 		}
@@ -311,13 +320,17 @@ func editRoute(h *hcmv3.HttpConnectionManager, name string, edit func(*routev3.R
 }
 
 func setMessageTimeout(h *hcmv3.HttpConnectionManager, d time.Duration) error {
+	return editExtProc(h, func(ep *extprocv3.ExternalProcessor) { ep.MessageTimeout = durationpb.New(d) })
+}
+
+// editExtProc applies edit to the ext_proc filter's config (wherever the
+// composite keeps it).
+func editExtProc(h *hcmv3.HttpConnectionManager, edit func(*extprocv3.ExternalProcessor)) error {
 	for _, f := range h.GetHttpFilters() {
 		if f.GetName() != ExtProcFilter {
 			continue
 		}
-		edited, err := EditWrapped(f.GetTypedConfig(), func(ep *extprocv3.ExternalProcessor) {
-			ep.MessageTimeout = durationpb.New(d)
-		})
+		edited, err := EditWrapped(f.GetTypedConfig(), edit)
 		if err != nil {
 			return err
 		}
