@@ -81,7 +81,8 @@ func TestThroughEnvoyTiny(t *testing.T) {
 	// per answer by its label) and its 3-message no-op floor.
 	require.Equal(t, "200 "+markSignedBody, expectedLabel(evPreviewBodyOnly))
 	for _, name := range []string{"envoy+preview mtls / envoy+preview", "envoy+preview unix / envoy+preview", "envoy+preview mtls / envoy", "envoy+preview unix / envoy",
-		"envoy+preview bodyonly / envoy", "envoy+preview bodyonly / envoy+noop bodyonly", "envoy+noop bodyonly / envoy+noop"} {
+		"envoy+preview bodyonly / envoy", "envoy+preview bodyonly / envoy+noop bodyonly", "envoy+noop bodyonly / envoy+noop",
+		"envoy+preview header-auth / envoy header-auth", "envoy+preview bodyonly header-auth / envoy header-auth"} {
 		j := slices.IndexFunc(tab.RoundRatios, func(rr report.RoundRatio) bool { return rr.Name == name })
 		require.GreaterOrEqual(t, j, 0, name)
 		require.Len(t, tab.RoundRatios[j].PerConcurrency[4], 1, name)
