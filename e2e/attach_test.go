@@ -91,13 +91,13 @@ func userAuth(t *testing.T) []any {
 	}}
 }
 
-// TestAttachedAsTheREADMESaysNothingBypassesIdemgate pastes the pieces of
-// `idemgate envoy-config` into a bootstrap of the user's (with a catch-all
-// route and a lenient upstream) and sends every spelling and method of the
-// guarded paths: each is refused before the upstream or checked by
-// idemgate. The upstream never executes a confirm without the key idemgate
-// sets after a fingerprint was checked and claimed.
-func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
+// attached runs idemgate (embedded store) and Envoy with the pieces of
+// `idemgate envoy-config` pasted into a bootstrap of the user's (a
+// catch-all route to the lenient upstream, no path normalisation,
+// jwt_authn), edit changing the idemgate config first; it returns alice's
+// agent through that Envoy.
+func attached(t *testing.T, edit func(doc map[string]any)) (*stack.Agent, *stack.Envoy, *lenientUpstream, *stack.Idemgate) {
+	t.Helper()
 	requireEnv(t)
 	dir := t.TempDir()
 
@@ -106,7 +106,10 @@ func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
 	require.NoError(t, err)
 	doc := map[string]any{}
 	require.NoError(t, yaml.Unmarshal(raw, &doc))
-	delete(doc, "store") // the embedded store: this test is about routing, not storage
+	delete(doc, "store") // the embedded store: these tests are about routing, not storage
+	if edit != nil {
+		edit(doc)
+	}
 	raw, err = yaml.Marshal(doc)
 	require.NoError(t, err)
 	cfgPath := filepath.Join(dir, "idemgate.yaml")
@@ -141,6 +144,17 @@ func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
 
 	alice, err := stack.NewAgent("alice", "http://"+front)
 	require.NoError(t, err)
+	return alice, e, up, g
+}
+
+// TestAttachedAsTheREADMESaysNothingBypassesIdemgate pastes the pieces of
+// `idemgate envoy-config` into a bootstrap of the user's (with a catch-all
+// route and a lenient upstream) and sends every spelling and method of the
+// guarded paths: each is refused before the upstream or checked by
+// idemgate. The upstream never executes a confirm without the key idemgate
+// sets after a fingerprint was checked and claimed.
+func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
+	alice, e, up, _ := attached(t, nil)
 	transfer := []byte(`{"amount":"100.00","currency":"EUR","payee":{"account_id":"DE89"},"memo":"rent"}`)
 	mcpConfirm := []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"transfer_confirm","arguments":{"amount":"100.00","currency":"EUR","payee":{"account_id":"DE89"}}}}`)
 
@@ -232,4 +246,99 @@ func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
 	require.NotNil(t, r.Envelope, "%s", r)
 	require.Equal(t, "request_too_large", r.Envelope.Status)
 	require.False(t, *r.Envelope.Retryable)
+}
+
+// extProcMessagesSent is Envoy's count of ext_proc messages sent so far
+// (the one ext_proc filter's stream_msgs_sent, whatever its stat prefix).
+func extProcMessagesSent(t *testing.T, e *stack.Envoy) int64 {
+	t.Helper()
+	code, body, err := e.Admin("/stats?filter=ext_proc\\.stream_msgs_sent$")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	var n int64
+	lines := 0
+	for _, line := range strings.Split(strings.TrimSpace(body), "\n") {
+		_, v, ok := strings.Cut(line, ": ")
+		require.True(t, ok, body)
+		var x int64
+		_, err := fmt.Sscan(v, &x)
+		require.NoError(t, err, line)
+		n += x
+		lines++
+	}
+	require.Equal(t, 1, lines, "one ext_proc filter: %s", body)
+	return n
+}
+
+// TestAttachedBodyOnlyPreviewCostsThreeMessages: with the transfer preview's
+// fingerprint in the body only (preview.fingerprint_header: false), the
+// pieces ask Envoy for response.code and idemgate skips the preview's
+// response headers: 3 ext_proc messages instead of 4, the fingerprint in
+// the body and no header, and it confirms. Everything else keeps its
+// messages: a confirm 4, a replay 2, and bodiless or wrong-method previews
+// are refused before the upstream, as before.
+func TestAttachedBodyOnlyPreviewCostsThreeMessages(t *testing.T) {
+	alice, e, up, g := attached(t, func(doc map[string]any) {
+		for _, op := range doc["operations"].([]any) {
+			m := op.(map[string]any)
+			if m["name"] == "transfer" {
+				m["preview"].(map[string]any)["fingerprint_header"] = false
+				return
+			}
+		}
+		t.Fatal("no transfer operation in the e2e config")
+	})
+	transfer := []byte(`{"amount":"100.00","currency":"EUR","payee":{"account_id":"DE89"},"memo":"rent"}`)
+	sent := func(do func()) int64 {
+		before := extProcMessagesSent(t, e)
+		do()
+		return extProcMessagesSent(t, e) - before
+	}
+
+	var fp string
+	require.Equal(t, int64(3), sent(func() {
+		r, err := alice.Raw("/v1/transfers/preview", transfer, stack.WithLength)
+		require.NoError(t, err)
+		require.Equal(t, 200, r.StatusCode, "%s", r)
+		require.Empty(t, r.Header.Get("Idempotency-Fingerprint"), "the body alone carries it")
+		var pv map[string]any
+		require.NoError(t, json.Unmarshal(r.Body, &pv))
+		fp, _ = pv["fingerprint"].(string)
+		require.NotEmpty(t, fp, "%s\nidemgate's log:\n%s", r, g.Log())
+		require.NotEmpty(t, pv["fingerprint_expires_at"], "%s", r)
+	}), "a body-only preview: request headers, request body, response body")
+
+	confirm := []byte(strings.Replace(string(transfer), `"memo":"rent"`, `"memo":"rent","fingerprint":"`+fp+`"`, 1))
+	require.Equal(t, int64(4), sent(func() {
+		r, err := alice.Raw("/v1/transfers/confirm", confirm, stack.WithLength)
+		require.NoError(t, err)
+		require.Equal(t, 201, r.StatusCode, "%s", r)
+	}), "a first-time confirm keeps all four")
+	require.Equal(t, int64(2), sent(func() {
+		r, err := alice.Raw("/v1/transfers/confirm", confirm, stack.WithLength)
+		require.NoError(t, err)
+		require.True(t, r.Replayed(), "%s", r)
+	}), "a replay ends at the request body")
+
+	// The preview path with other methods: refused at the request headers,
+	// one message, before the upstream.
+	for _, m := range []string{"GET", "DELETE", "PUT"} {
+		require.Equal(t, int64(1), sent(func() {
+			r, err := alice.Send(m, "/v1/transfers/preview", nil, stack.WithLength)
+			require.NoError(t, err)
+			require.Equal(t, 405, r.StatusCode, "%s %s", m, r)
+			require.NotNil(t, r.Envelope, "%s", r)
+		}), m)
+	}
+	// A bodiless POST preview is decided at its headers (end_of_stream) and
+	// signed from the response body: 2 messages, none skipped unseen.
+	require.Equal(t, int64(2), sent(func() {
+		r, err := alice.Send("POST", "/v1/transfers/preview", nil, stack.WithLength)
+		require.NoError(t, err)
+		require.Equal(t, 200, r.StatusCode, "%s", r)
+		require.Contains(t, string(r.Body), `"fingerprint":"`)
+	}))
+	executed, unchecked := up.counts()
+	require.Equal(t, 1, executed)
+	require.Empty(t, unchecked)
 }

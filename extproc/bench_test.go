@@ -33,6 +33,19 @@ func BenchmarkPreview(b *testing.B) {
 	}
 }
 
+// BenchmarkPreviewBodyOnly is BenchmarkPreview with
+// preview.fingerprint_header: false: 3 messages, the status read from the
+// response.code attribute.
+func BenchmarkPreviewBodyOnly(b *testing.B) {
+	e := bodyOnlyEnv(b)
+	d := fakeDialer{srv: e.srv, shareReplies: true}
+	req := post("/v1/transfers/preview", "alice", transferBody(`"100.00"`, "EUR", "DE89", ""))
+	b.ReportAllocs()
+	for b.Loop() {
+		doWith(b, responseCodeFilter, d, req, previewOK)
+	}
+}
+
 func BenchmarkConfirmReplay(b *testing.B) {
 	e := newEnv(b, nil, nil)
 	d := fakeDialer{srv: e.srv, shareReplies: true}

@@ -19,8 +19,9 @@ import (
 // jwt_authn's whole JWT payload as a protobuf Struct) and attributes to
 // every message of a stream. Decoding those maps of Structs is the largest
 // single cost of a preview — more than parsing, hashing and signing
-// together — yet idemgate reads attributes never (docs/design.md §8) and
-// metadata only when the subject comes from it. So the top-level fields of
+// together — yet idemgate reads attributes only for a preview whose
+// fingerprint lives in the body alone (response.code, sent once per stream)
+// and metadata only when the subject comes from it. So the top-level fields of
 // the wire message are walked and the unread ones skipped: the kept runs are
 // merged into the message one after the other, which is exactly what
 // decoding their concatenation does.
@@ -33,11 +34,15 @@ type requestCodec struct {
 var _ encoding.CodecV2 = requestCodec{}
 
 // newRequestCodec returns the codec; with keepMetadata (the subject comes
-// from dynamic metadata) metadata_context is decoded as usual.
-func newRequestCodec(keepMetadata bool) requestCodec {
+// from dynamic metadata) metadata_context is decoded as usual, with
+// keepAttributes (a preview reads response.code, preview.fingerprint_header:
+// false) attributes are.
+func newRequestCodec(keepMetadata, keepAttributes bool) requestCodec {
 	c := requestCodec{base: encoding.GetCodecV2(grpcproto.Name)}
 	fields := (&extprocv3.ProcessingRequest{}).ProtoReflect().Descriptor().Fields()
-	c.skip = append(c.skip, fields.ByName("attributes").Number())
+	if !keepAttributes {
+		c.skip = append(c.skip, fields.ByName("attributes").Number())
+	}
 	if !keepMetadata {
 		c.skip = append(c.skip, fields.ByName("metadata_context").Number())
 	}

@@ -52,8 +52,9 @@ func randomRequest(rng *rand.Rand) *extprocv3.ProcessingRequest {
 // not know, as proto.Unmarshal does).
 func TestRequestCodecDecodesAllButTheSkippedFields(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
-	for _, keepMetadata := range []bool{false, true} {
-		c := newRequestCodec(keepMetadata)
+	for _, keep := range []struct{ metadata, attributes bool }{{false, false}, {true, false}, {false, true}} {
+		keepMetadata := keep.metadata
+		c := newRequestCodec(keepMetadata, keep.attributes)
 		for i := 0; i < 500; i++ {
 			want := randomRequest(rng)
 			wire, err := proto.MarshalOptions{Deterministic: true}.Marshal(want)
@@ -69,7 +70,9 @@ func TestRequestCodecDecodesAllButTheSkippedFields(t *testing.T) {
 			}
 			got := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{}}
 			require.NoError(t, c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(wire)}, got))
-			want.Attributes = nil
+			if !keep.attributes {
+				want.Attributes = nil
+			}
 			if !keepMetadata {
 				want.MetadataContext = nil
 			}
@@ -98,7 +101,7 @@ func reorderFields(t *testing.T, b []byte, rng *rand.Rand) []byte {
 }
 
 func TestRequestCodecRefusesBrokenInput(t *testing.T) {
-	c := newRequestCodec(false)
+	c := newRequestCodec(false, false)
 	wire, err := proto.Marshal(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte("abc")}}})
 	require.NoError(t, err)
 	for _, b := range [][]byte{wire[:len(wire)-1], {0xff}, append([]byte{0x42, 0x05}, 1)} {

@@ -68,7 +68,12 @@ type exchange struct {
 	// reply needs one; the slice is for any beyond that).
 	lent     *[]byte
 	lentMore []*[]byte
-	// The upstream response, once its headers arrived.
+	// previewBodyOnly: a preview whose fingerprint lives in the body alone
+	// (preview.fingerprint_header: false); its response headers are
+	// skipped (mode_override) and the status read from response.code.
+	previewBodyOnly bool
+	// The upstream response, once its headers arrived (a body-only
+	// preview: its response.code attribute, 0 when absent).
 	respStatus  int
 	respHeaders []state.Header
 	respClass   outcomeClass
@@ -99,6 +104,11 @@ func (ex *exchange) handle(req *extprocv3.ProcessingRequest) (*extprocv3.Process
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		return ex.onResponseHeaders(r.ResponseHeaders)
 	case *extprocv3.ProcessingRequest_ResponseBody:
+		if ex.previewBodyOnly {
+			// Its response headers were skipped: the status came as an
+			// attribute of this, the first response message.
+			ex.respStatus = responseCodeAttribute(req)
+		}
 		return ex.onResponseBody(r.ResponseBody)
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		// Never asked for; answer so Envoy is not left waiting.
@@ -157,8 +167,14 @@ func (ex *exchange) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 			return ex.envelope(envelope.RequestTooLarge, 0, envelope.Extra{}), true
 		}
 	}
+	if ex.proc == previewProcessor && !ex.op.PreviewFingerprintHeader {
+		ex.previewBodyOnly = true
+	}
 	if !h.GetEndOfStream() {
 		// The body follows (BUFFERED: one message with all of it).
+		if ex.previewBodyOnly {
+			return requestHeadersReply(nil, previewBodyOnlyMode), false
+		}
 		return requestHeadersReply(nil, nil), false
 	}
 	// No body will come: decide now, from the headers alone.

@@ -49,7 +49,7 @@ var ServiceName = extprocv3.ExternalProcessor_ServiceDesc.ServiceName
 // request fields idemgate never reads (see requestCodec), serving srv and
 // the standard health service hs (whose status the caller drives).
 func NewGRPCServer(srv *Server, hs *health.Server, extra ...grpc.ServerOption) *grpc.Server {
-	opts := append(TransportOptions(srv.cfg.Subject.MetadataNamespace != ""), grpc.ChainStreamInterceptor(srv.recoverStream))
+	opts := append(transportOptions(srv.cfg.Subject.MetadataNamespace != "", srv.cfg.ReadsResponseCode()), grpc.ChainStreamInterceptor(srv.recoverStream))
 	g := grpc.NewServer(append(opts, extra...)...)
 	extprocv3.RegisterExternalProcessorServer(g, srv)
 	healthpb.RegisterHealthServer(g, hs)
@@ -63,6 +63,11 @@ func NewGRPCServer(srv *Server, hs *health.Server, extra ...grpc.ServerOption) *
 // same transport, and the ratio to it is idemgate's own cost; keepMetadata
 // is as for the codec.
 func TransportOptions(keepMetadata bool) []grpc.ServerOption {
+	return transportOptions(keepMetadata, false)
+}
+
+// transportOptions is TransportOptions, keepAttributes as for the codec.
+func transportOptions(keepMetadata, keepAttributes bool) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time:                  keepaliveTime,
@@ -77,7 +82,7 @@ func TransportOptions(keepMetadata bool) []grpc.ServerOption {
 		grpc.MaxConcurrentStreams(maxConcurrentStreams),
 		grpc.MaxRecvMsgSize(maxReceiveMessageBytes),
 		grpc.MaxSendMsgSize(maxReceiveMessageBytes),
-		grpc.ForceServerCodecV2(newRequestCodec(keepMetadata)),
+		grpc.ForceServerCodecV2(newRequestCodec(keepMetadata, keepAttributes)),
 		grpc.NumStreamWorkers(streamWorkers()),
 	}
 }

@@ -353,6 +353,8 @@ type result struct {
 	body    []byte
 	// replies counts the messages idemgate answered.
 	replies int
+	// marks are what the driver observed (extprocdriver.Marks).
+	marks extprocdriver.Marks
 }
 
 func (r result) json(t testing.TB) map[string]any {
@@ -391,12 +393,18 @@ var testFilter = func() extprocdriver.Filter {
 // mode_override in a body reply (Envoy ignores it) fail the test.
 func do(t testing.TB, d dialer, req httpRequest, upstream upstreamFunc) result {
 	t.Helper()
+	return doWith(t, testFilter, d, req, upstream)
+}
+
+// doWith is do through filter f.
+func doWith(t testing.TB, f extprocdriver.Filter, d dialer, req httpRequest, upstream upstreamFunc) result {
+	t.Helper()
 	hs := append([]header{{":method", req.method}, {":path", req.path}, {":authority", "api.example"}, {":scheme", "http"}}, req.headers...)
 	if req.body != nil {
 		hs = append(hs, header{"content-length", strconv.Itoa(len(req.body))})
 	}
 	dreq := &extprocdriver.Request{Headers: headerValues(hs), Body: req.body, Metadata: req.metadata}
-	out, v := testFilter.Trace(context.Background(), d.client(), dreq, func(headers map[string]string, body []byte) extprocdriver.Response {
+	out, v := f.Trace(context.Background(), d.client(), dreq, func(headers map[string]string, body []byte) extprocdriver.Response {
 		up := upstream(headers, body)
 		rhs := append([]header{{":status", strconv.Itoa(up.status)}}, up.headers...)
 		if len(up.body) > 0 {
@@ -409,6 +417,7 @@ func do(t testing.TB, d dialer, req httpRequest, upstream upstreamFunc) result {
 	require.Zero(t, out.Marks&extprocdriver.MarkIgnoredOverride, "mode_override in a body reply is ignored by Envoy")
 	require.Zero(t, out.Marks&extprocdriver.MarkClosedEarly, "the stream closed before a reply")
 	return result{
+		marks:     out.Marks,
 		immediate: v.Immediate, upstreamCalled: v.UpstreamCalled, upstreamHdrs: v.UpstreamHeaders, upstreamBody: v.UpstreamBody,
 		status: v.Status, headers: v.Headers, body: v.Body, replies: v.Replies,
 	}

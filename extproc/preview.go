@@ -7,6 +7,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/idemgate/idemgate/extproc/envelope"
 	"github.com/idemgate/idemgate/fingerprint"
@@ -29,6 +30,9 @@ func (ex *exchange) previewRequest(body []byte, headersOnly bool) (*extprocv3.Pr
 	}
 	ex.params = params
 	if headersOnly {
+		if ex.previewBodyOnly {
+			return requestHeadersReply(nil, previewBodyOnlyMode), false
+		}
 		return requestHeadersReply(nil, nil), false
 	}
 	return requestBodyReply(nil), false
@@ -70,6 +74,9 @@ func (ex *exchange) previewResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3
 // content-length in the same reply (BUFFERED with headers SEND: Envoy
 // compares content-length with the mutated body).
 func (ex *exchange) previewResponseBody(body []byte) (*extprocv3.ProcessingResponse, bool) {
+	if ex.previewBodyOnly {
+		return ex.previewBodyOnlyResponse(body)
+	}
 	token, expiresAt, err := ex.sign()
 	if err != nil {
 		ex.logger().Error("failed to sign a fingerprint; preview passed through without one", "error", err)
@@ -132,4 +139,53 @@ func (ex *exchange) previewFields(token, expires string) []jsonx.Set {
 		fs = append(fs, jsonx.Set{Key: "approval_required", Raw: []byte("true")})
 	}
 	return fs
+}
+
+// previewBodyOnlyResponse signs a preview whose response headers Envoy did
+// not send (preview.fingerprint_header: false). Those headers are already
+// on their way to the client, so a header set now would be dropped: the
+// fingerprint goes into the JSON body or nowhere. Without a 2xx
+// response.code nothing is signed (a missing attribute means the filter
+// lacks response_attributes: [response.code], and no fingerprint is the
+// safe side: no confirm can follow).
+func (ex *exchange) previewBodyOnlyResponse(body []byte) (*extprocv3.ProcessingResponse, bool) {
+	st := ex.respStatus
+	if st == 0 {
+		ex.logger().Error("the response.code attribute is missing: Envoy's ext_proc filter must list response_attributes: [response.code] (idemgate envoy-config does) for a preview with fingerprint_header: false; preview passed through without a fingerprint")
+		ex.decision("status_unknown")
+		return responseBodyReply(nil, nil, false), true
+	}
+	if st < 200 || st > 299 {
+		ex.decision("passed_through")
+		return responseBodyReply(nil, nil, false), true
+	}
+	token, expiresAt, err := ex.sign()
+	if err != nil {
+		ex.logger().Error("failed to sign a fingerprint; preview passed through without one", "error", err)
+		ex.decision("sign_failed")
+		return responseBodyReply(nil, nil, false), true
+	}
+	buf := ex.buffer()
+	out, err := jsonx.Splice(*buf, body, ex.previewFields(token, expiresAt.Format(time.RFC3339))...)
+	if err != nil {
+		ex.logger().Warn("preview response body is not a JSON object, or not strict JSON, and fingerprint_header is false; preview passed through without a fingerprint",
+			"content_length", len(body), "error", err)
+		ex.decision("unsigned_not_json")
+		return responseBodyReply(nil, nil, false), true
+	}
+	keep(buf, out)
+	ex.decision("signed")
+	return responseBodyReply(nil, out, true), true
+}
+
+// responseCodeAttribute is the response.code attribute Envoy sends on the
+// first response message when response_attributes lists it (0 when absent
+// or not a status).
+func responseCodeAttribute(req *extprocv3.ProcessingRequest) int {
+	v := req.GetAttributes()[extProcAttributes].GetFields()[attrResponseCode]
+	n, ok := v.GetKind().(*structpb.Value_NumberValue)
+	if !ok || n.NumberValue < 100 || n.NumberValue > 599 || n.NumberValue != float64(int(n.NumberValue)) {
+		return 0
+	}
+	return int(n.NumberValue)
 }

@@ -90,6 +90,26 @@ var noResponseBodyMode = &filterv3.ProcessingMode{
 	ResponseTrailerMode: filterv3.ProcessingMode_SKIP,
 }
 
+// previewBodyOnlyMode is a body-only preview's request (preview
+// fingerprint_header: false): everything the filter asks for except the
+// response headers. Body modes are explicit (omitted means NONE); the
+// request body stays BUFFERED as at filter level.
+var previewBodyOnlyMode = &filterv3.ProcessingMode{
+	ResponseHeaderMode:  filterv3.ProcessingMode_SKIP,
+	RequestBodyMode:     filterv3.ProcessingMode_BUFFERED,
+	ResponseBodyMode:    filterv3.ProcessingMode_BUFFERED,
+	RequestTrailerMode:  filterv3.ProcessingMode_SKIP,
+	ResponseTrailerMode: filterv3.ProcessingMode_SKIP,
+}
+
+// extProcAttributes is the key Envoy files attributes under (fixed, not
+// the filter's name); attrResponseCode the response_attributes entry a
+// body-only preview reads its status from.
+const (
+	extProcAttributes = "envoy.filters.http.ext_proc"
+	attrResponseCode  = "response.code"
+)
+
 func common(mut *extprocv3.HeaderMutation, body []byte, replaceBody bool) *extprocv3.CommonResponse {
 	c := &extprocv3.CommonResponse{Status: extprocv3.CommonResponse_CONTINUE, HeaderMutation: mut}
 	if replaceBody {
@@ -103,14 +123,15 @@ func common(mut *extprocv3.HeaderMutation, body []byte, replaceBody bool) *extpr
 // reply is only ever marshalled, never changed after it is returned, and
 // protobuf messages may be marshalled concurrently.
 var (
-	continueRequestHeaders    = newRequestHeadersReply(nil, nil)
-	passThroughRequestHeaders = newRequestHeadersReply(nil, passThroughMode)
-	continueRequestBody       = newRequestBodyReply(nil)
-	continueResponseHeaders   = newResponseHeadersReply(nil, nil)
-	noBodyResponseHeaders     = newResponseHeadersReply(nil, noResponseBodyMode)
-	continueResponseBody      = newResponseBodyReply(nil, nil, false)
-	continueRequestTrailers   = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
-	continueResponseTrailers  = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
+	continueRequestHeaders        = newRequestHeadersReply(nil, nil)
+	passThroughRequestHeaders     = newRequestHeadersReply(nil, passThroughMode)
+	previewBodyOnlyRequestHeaders = newRequestHeadersReply(nil, previewBodyOnlyMode)
+	continueRequestBody           = newRequestBodyReply(nil)
+	continueResponseHeaders       = newResponseHeadersReply(nil, nil)
+	noBodyResponseHeaders         = newResponseHeadersReply(nil, noResponseBodyMode)
+	continueResponseBody          = newResponseBodyReply(nil, nil, false)
+	continueRequestTrailers       = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+	continueResponseTrailers      = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
 )
 
 func requestHeadersReply(mut *extprocv3.HeaderMutation, mode *filterv3.ProcessingMode) *extprocv3.ProcessingResponse {
@@ -120,6 +141,8 @@ func requestHeadersReply(mut *extprocv3.HeaderMutation, mode *filterv3.Processin
 			return continueRequestHeaders
 		case passThroughMode:
 			return passThroughRequestHeaders
+		case previewBodyOnlyMode:
+			return previewBodyOnlyRequestHeaders
 		}
 	}
 	return newRequestHeadersReply(mut, mode)

@@ -23,6 +23,9 @@ import (
 	"github.com/idemgate/idemgate/envoy/envoytest"
 )
 
+// headerAuthSubject is the subject the header-only stand-in sets.
+const headerAuthSubject = "bench-user"
+
 // The columns of the through-Envoy table, in the order of the report.
 const (
 	evPlain = "envoy"
@@ -42,6 +45,17 @@ const (
 	// its own idemgate and Envoy), beside evPreview's plaintext loopback.
 	evPreviewMTLS = "envoy+preview mtls"
 	evPreviewUnix = "envoy+preview unix"
+	// The preview with its fingerprint in the body only
+	// (preview.fingerprint_header: false: 3 ext_proc messages), its own
+	// idemgate and Envoy, and the no-op floor with the same 3 messages.
+	evNoopBodyOnly    = "envoy+noop bodyonly"
+	evPreviewBodyOnly = "envoy+preview bodyonly"
+	// Authentication as cheap as a header filter: jwt_authn replaced by a
+	// header_mutation that sets the subject (envoytest.Edits.HeaderAuth),
+	// Envoy alone and with idemgate (both preview variants).
+	evPlainHeaderAuth           = "envoy header-auth"
+	evPreviewHeaderAuth         = "envoy+preview header-auth"
+	evPreviewBodyOnlyHeaderAuth = "envoy+preview bodyonly header-auth"
 
 	// The same over MCP (operations[transfer_mcp]): tools/call requests of
 	// a 2026-07-28 client to /mcp.
@@ -53,16 +67,21 @@ const (
 )
 
 var envoyColumnDescriptions = map[string]string{
-	evPlain:         "(a) Envoy routing to the upstream with no ext_proc: the shipped envoy.yaml with the ext_proc filter taken out of the chain (header_mutation and jwt_authn stay). Preview requests.",
-	evPlainOther:    "(a) as envoy, POST " + otherPath + " (a path no operation guards; the upstream answers it like a preview).",
-	evAttachedOther: "(c) the Envoy that carries idemgate (the shipped envoy.yaml: ext_proc delegated to by a composite filter on its path matcher), POST " + otherPath + ": the matcher selects nothing, no ext_proc filter is created and no stream is opened. What attaching idemgate costs the rest of an API.",
-	evNoop:          "(b) Envoy + a no-op ext_proc server (this tool with -serve noop, on idemgate's gRPC transport: extproc.TransportOptions) answering every message with an empty CONTINUE; the shipped filter config and body modes (4 messages per request). Preview requests.",
-	evIO:            "(b) plus the naive store round trips: Envoy + the I/O floor server (CONTINUE to everything, plus per request an acquire-like EVALSHA and a PostgreSQL INSERT at the request body, an UPDATE and a complete-like EVALSHA at the response body) on the same Redis and PostgreSQL as idemgate. Preview requests.",
-	evPreview:       "(c) Envoy + idemgate, preview: idemgate signs a fingerprint into the upstream's quote (no store call). Expected: 200 with Idempotency-Fingerprint.",
-	evConfirm:       "(c) Envoy + idemgate, first-time confirm on the tiered store (Redis + PostgreSQL): verify, acquire, the upstream called with Idempotency-Key, complete. Each request carries a distinct fingerprint minted with idemgate's key for the JWT's subject. Expected: 200 with the upstream's mark that it saw the key.",
-	evPreviewMTLS:   "(c) as envoy+preview, the ext_proc channel over mutual TLS: idemgate serves grpc_tls (TLS 1.2+, client certificate required and its SAN checked), Envoy's idemgate cluster carries the UpstreamTlsContext `idemgate envoy-config` writes (client certificate, idemgate's CA and SAN, ALPN h2). Envoy keeps its HTTP/2 connections, so the handshake is paid once per connection, not per request.",
-	evPreviewUnix:   "(c) as envoy+preview, the ext_proc channel over a unix socket (grpc_listen: unix:///…, Envoy's cluster on a pipe address): the sidecar shape of k8s/envoy-gateway.",
-	evReplay:        "(c) Envoy + idemgate, replay: confirms of fingerprints already DONE (a pool confirmed through Envoy beforehand, reused round-robin): idemgate answers from the record after the request body, the upstream is not called. Expected: 200 with Idempotent-Replayed: true.",
+	evPlain:                     "(a) Envoy routing to the upstream with no ext_proc: the shipped envoy.yaml with the ext_proc filter taken out of the chain (header_mutation and jwt_authn stay). Preview requests.",
+	evPlainOther:                "(a) as envoy, POST " + otherPath + " (a path no operation guards; the upstream answers it like a preview).",
+	evAttachedOther:             "(c) the Envoy that carries idemgate (the shipped envoy.yaml: ext_proc delegated to by a composite filter on its path matcher), POST " + otherPath + ": the matcher selects nothing, no ext_proc filter is created and no stream is opened. What attaching idemgate costs the rest of an API.",
+	evNoop:                      "(b) Envoy + a no-op ext_proc server (this tool with -serve noop, on idemgate's gRPC transport: extproc.TransportOptions) answering every message with an empty CONTINUE; the shipped filter config and body modes (4 messages per request). Preview requests.",
+	evIO:                        "(b) plus the naive store round trips: Envoy + the I/O floor server (CONTINUE to everything, plus per request an acquire-like EVALSHA and a PostgreSQL INSERT at the request body, an UPDATE and a complete-like EVALSHA at the response body) on the same Redis and PostgreSQL as idemgate. Preview requests.",
+	evPreview:                   "(c) Envoy + idemgate, preview: idemgate signs a fingerprint into the upstream's quote (no store call). Expected: 200 with Idempotency-Fingerprint.",
+	evConfirm:                   "(c) Envoy + idemgate, first-time confirm on the tiered store (Redis + PostgreSQL): verify, acquire, the upstream called with Idempotency-Key, complete. Each request carries a distinct fingerprint minted with idemgate's key for the JWT's subject. Expected: 200 with the upstream's mark that it saw the key.",
+	evPreviewMTLS:               "(c) as envoy+preview, the ext_proc channel over mutual TLS: idemgate serves grpc_tls (TLS 1.2+, client certificate required and its SAN checked), Envoy's idemgate cluster carries the UpstreamTlsContext `idemgate envoy-config` writes (client certificate, idemgate's CA and SAN, ALPN h2). Envoy keeps its HTTP/2 connections, so the handshake is paid once per connection, not per request.",
+	evPreviewUnix:               "(c) as envoy+preview, the ext_proc channel over a unix socket (grpc_listen: unix:///…, Envoy's cluster on a pipe address): the sidecar shape of k8s/envoy-gateway.",
+	evNoopBodyOnly:              "(b) as envoy+noop, the no-op server (-serve noop-bodyonly) switching the response headers off in its reply to the request headers, as idemgate does for a body-only preview: 3 messages per request; Envoy's ext_proc filter also asks for response_attributes: [response.code]. Preview requests.",
+	evPlainHeaderAuth:           "(a) as envoy, with jwt_authn replaced by a header-only stand-in (a header_mutation filter setting x-idemgate-subject): Envoy alone when authentication costs as little as one header filter. Preview requests.",
+	evPreviewHeaderAuth:         "(c) as envoy+preview, with the header-only stand-in for jwt_authn.",
+	evPreviewBodyOnlyHeaderAuth: "(c) as envoy+preview bodyonly, with the header-only stand-in for jwt_authn.",
+	evPreviewBodyOnly:           "(c) Envoy + idemgate, preview with preview.fingerprint_header: false (its own idemgate and Envoy, the filter with response_attributes: [response.code] as idemgate envoy-config writes it then): 3 messages, the status read from response.code, the fingerprint signed into the quote only. Expected: 200 with the fingerprint in the body.",
+	evReplay:                    "(c) Envoy + idemgate, replay: confirms of fingerprints already DONE (a pool confirmed through Envoy beforehand, reused round-robin): idemgate answers from the record after the request body, the upstream is not called. Expected: 200 with Idempotent-Replayed: true.",
 
 	evNoopMCP:      "(b) over MCP: Envoy + the no-op ext_proc server, tools/call of " + mcpUnguardedTool + " (a tool no operation guards) to /mcp with Mcp-Method/Mcp-Name headers; the upstream answers it exactly like the preview tool (the quote as structuredContent plus a text block, JSON). 4 messages per request.",
 	evMCPUnguarded: "(c) Envoy + idemgate, the same unguarded tools/call: idemgate reads the body (mcp.trust_upstream_headers is off, the default: the body must agree with Mcp-Method/Mcp-Name), lets it pass and switches the response phases off (3 messages). Expected: a JSON-RPC result for the request's id.",
@@ -72,10 +91,10 @@ var envoyColumnDescriptions = map[string]string{
 }
 
 // envoyColumns lists every column in report order.
-var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evNoop, evAnswer, evIO, evPreview, evPreviewMTLS, evPreviewUnix, evConfirm, evReplay, evNoopMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
+var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evPlainHeaderAuth, evNoop, evNoopBodyOnly, evAnswer, evIO, evPreview, evPreviewBodyOnly, evPreviewHeaderAuth, evPreviewBodyOnlyHeaderAuth, evPreviewMTLS, evPreviewUnix, evConfirm, evReplay, evNoopMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
 
 // idemgateColumns are the columns idemgate serves.
-var idemgateColumns = []string{evPreview, evConfirm, evReplay, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay, evAttachedOther}
+var idemgateColumns = []string{evPreview, evPreviewHeaderAuth, evConfirm, evReplay, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay, evAttachedOther}
 
 // envoyBench is one through-Envoy run: the upstream, the ext_proc servers,
 // one Envoy per ext_proc target and the JWTs.
@@ -94,8 +113,10 @@ type envoyBench struct {
 	idem     *idemgateProcess
 	// idemMTLS and idemUnix serve the private-channel preview columns.
 	idemMTLS, idemUnix *idemgateProcess
-	tokens             []string // bearer JWT per subject index
-	replay             []confirmItem
+	// idemBodyOnly serves envoy+preview bodyonly (preview.fingerprint_header: false).
+	idemBodyOnly *idemgateProcess
+	tokens       []string // bearer JWT per subject index
+	replay       []confirmItem
 	// mcpReplay are confirm tool arguments already executed over MCP.
 	mcpReplay []confirmItem
 
@@ -185,6 +206,12 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	}
 	e.children = append(e.children, noop)
 	e.extProcPid[evNoop] = noop.pid()
+	noopBodyOnly, noopBodyOnlyAddr, err := b.startFloor(ctx, "noop-bodyonly")
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, noopBodyOnly)
+	e.extProcPid[evNoopBodyOnly] = noopBodyOnly.pid()
 	answer, answerAddr, err := b.startFloor(ctx, "answer")
 	if err != nil {
 		return err
@@ -229,6 +256,14 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	}
 	e.children = append(e.children, e.idemUnix.child)
 	e.extProcPid[evPreviewUnix] = e.idemUnix.pid()
+	bodyOnly := settings
+	bodyOnly.PreviewBodyOnly = true
+	if e.idemBodyOnly, err = startIdemgate(ctx, idemgateSpec{bin: b.bin, dir: e.dir, name: "envoy-bodyonly", key: b.key, settings: bodyOnly}); err != nil {
+		return err
+	}
+	e.children = append(e.children, e.idemBodyOnly.child)
+	e.extProcPid[evPreviewBodyOnly] = e.idemBodyOnly.pid()
+	e.extProcPid[evPreviewBodyOnlyHeaderAuth] = e.idemBodyOnly.pid()
 	mtlsCluster := map[string]*tlsv3.UpstreamTlsContext{
 		envoytest.IdemgateCluster: envoytest.IdemgateUpstreamTLS(certs.ClientCert, certs.ClientKey, certs.CAFile, benchServerSAN),
 	}
@@ -249,6 +284,11 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		{idemgateColumns, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr)}},
 		{[]string{evPreviewMTLS}, envoytest.Edits{Clusters: clusters(e.idemMTLS.grpcAddr), ClusterTLS: mtlsCluster}},
 		{[]string{evPreviewUnix}, envoytest.Edits{Clusters: clusters(e.idemUnix.grpcAddr)}},
+		{[]string{evNoopBodyOnly}, envoytest.Edits{Clusters: clusters(noopBodyOnlyAddr), ResponseCode: true}},
+		{[]string{evPreviewBodyOnly}, envoytest.Edits{Clusters: clusters(e.idemBodyOnly.grpcAddr), ResponseCode: true}},
+		{[]string{evPlainHeaderAuth}, envoytest.Edits{Clusters: clusters(noopAddr), DropExtProc: true, HeaderAuth: headerAuthSubject}},
+		{[]string{evPreviewHeaderAuth}, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr), HeaderAuth: headerAuthSubject}},
+		{[]string{evPreviewBodyOnlyHeaderAuth}, envoytest.Edits{Clusters: clusters(e.idemBodyOnly.grpcAddr), ResponseCode: true, HeaderAuth: headerAuthSubject}},
 	} {
 		p, err := startEnvoy(ctx, e.bin, e.dir, s.columns[0], s.edits)
 		if err != nil {
@@ -360,8 +400,10 @@ func (e *envoyBench) confirmRequest(it confirmItem) *httpRequest {
 // expected is the outcome label each column must produce.
 func expectedLabel(column string) string {
 	switch column {
-	case evPreview, evPreviewMTLS, evPreviewUnix:
+	case evPreview, evPreviewMTLS, evPreviewUnix, evPreviewHeaderAuth:
 		return "200 " + markSigned
+	case evPreviewBodyOnly, evPreviewBodyOnlyHeaderAuth:
+		return "200 " + markSignedBody
 	case evConfirm:
 		return "200 " + markKey
 	case evReplay, evAnswer:
@@ -709,6 +751,17 @@ func (e *envoyBench) finish() {
 			Note: "what attaching idemgate costs a request it does not guard: the composite runs no ext_proc (no filter, no stream)."},
 		{Name: "envoy+preview / envoy", Num: evPreview, Den: evPlain, Target: 0.45, TargetConcurrency: at,
 			Note: "a guarded preview against Envoy alone: 4 ext_proc messages (request headers and body, response headers and body)."},
+		{Name: "envoy+preview bodyonly / envoy", Num: evPreviewBodyOnly, Den: evPlain, Target: 0.55, TargetConcurrency: at,
+			Note: "a preview with preview.fingerprint_header: false against Envoy alone: 3 ext_proc messages (no response headers)."},
+		{Name: "envoy+preview bodyonly / envoy+noop bodyonly", Num: evPreviewBodyOnly, Den: evNoopBodyOnly, Target: 0.90, TargetConcurrency: at,
+			Note: "against the no-op floor with the same 3 messages."},
+		{Name: "envoy+preview header-auth / envoy header-auth", Num: evPreviewHeaderAuth, Den: evPlainHeaderAuth, Target: 0.35, TargetConcurrency: at,
+			Note: "the preview (4 messages) against Envoy alone, both with the header-only stand-in for jwt_authn."},
+		{Name: "envoy+preview bodyonly header-auth / envoy header-auth", Num: evPreviewBodyOnlyHeaderAuth, Den: evPlainHeaderAuth, Target: 0.35, TargetConcurrency: at,
+			Note: "the body-only preview (3 messages) against Envoy alone, both with the header-only stand-in."},
+		{Name: "envoy header-auth / envoy", Num: evPlainHeaderAuth, Den: evPlain, Note: "what jwt_authn's ES256 verification costs Envoy alone, against one header filter."},
+		{Name: "envoy+noop bodyonly / envoy", Num: evNoopBodyOnly, Den: evPlain, Note: "what a 3-message ext_proc stream costs Envoy itself."},
+		{Name: "envoy+noop bodyonly / envoy+noop", Num: evNoopBodyOnly, Den: evNoop, Note: "what dropping the response-headers message saves Envoy with a server that does nothing."},
 		{Name: "envoy+preview mtls / envoy", Num: evPreviewMTLS, Den: evPlain,
 			Note: "the same with the ext_proc channel over mutual TLS (grpc_tls)."},
 		{Name: "envoy+preview unix / envoy", Num: evPreviewUnix, Den: evPlain,

@@ -77,7 +77,12 @@ func TestThroughEnvoyTiny(t *testing.T) {
 	require.Len(t, tab.RoundRatios[i].PerConcurrency[1], 1)
 	// The private ext_proc channels (mutual TLS, a unix socket) are measured
 	// in the same run, beside plaintext loopback, with their ratios.
-	for _, name := range []string{"envoy+preview mtls / envoy+preview", "envoy+preview unix / envoy+preview", "envoy+preview mtls / envoy", "envoy+preview unix / envoy"} {
+	// So are the body-only preview (its fingerprint in the body, checked
+	// per answer by its label) and its 3-message no-op floor.
+	require.Equal(t, "200 "+markSignedBody, expectedLabel(evPreviewBodyOnly))
+	for _, name := range []string{"envoy+preview mtls / envoy+preview", "envoy+preview unix / envoy+preview", "envoy+preview mtls / envoy", "envoy+preview unix / envoy",
+		"envoy+preview bodyonly / envoy", "envoy+preview bodyonly / envoy+noop bodyonly", "envoy+noop bodyonly / envoy+noop",
+		"envoy+preview header-auth / envoy header-auth", "envoy+preview bodyonly header-auth / envoy header-auth"} {
 		j := slices.IndexFunc(tab.RoundRatios, func(rr report.RoundRatio) bool { return rr.Name == name })
 		require.GreaterOrEqual(t, j, 0, name)
 		require.Len(t, tab.RoundRatios[j].PerConcurrency[4], 1, name)

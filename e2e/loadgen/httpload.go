@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"sort"
@@ -44,14 +43,21 @@ type httpSource interface {
 
 // Outcome labels: the status plus what the headers show.
 const (
-	markSigned   = "signed"   // Idempotency-Fingerprint set: idemgate signed a preview
-	markReplayed = "replayed" // Idempotent-Replayed: true: idemgate answered from the record
-	markKey      = "key"      // the upstream saw an Idempotency-Key: idemgate acquired
+	markSigned = "signed" // Idempotency-Fingerprint set: idemgate signed a preview
+	// markSignedBody: a fingerprint member in a JSON body without the header
+	// (preview.fingerprint_header: false; the benchmark's upstream writes none).
+	markSignedBody = "signed-body"
+	markReplayed   = "replayed" // Idempotent-Replayed: true: idemgate answered from the record
+	markKey        = "key"      // the upstream saw an Idempotency-Key: idemgate acquired
 	// An MCP answer is also read: "rpc" when it is a JSON-RPC response to
 	// the request's id carrying a result, and "signed" when that result
 	// holds a fingerprint (idemgate injects it into structuredContent).
 	markRPC = "rpc"
 )
+
+// fingerprintMember is how a fingerprint idemgate spliced into a JSON body
+// starts.
+var fingerprintMember = []byte(`"fingerprint":"`)
 
 // classify labels an answer, e.g. "200", "200 signed", "503".
 func classify(resp *http.Response) string {
@@ -257,17 +263,16 @@ func (w *httpWorker) do(ctx context.Context, url string, r *httpRequest) string 
 		return "error"
 	}
 	id := mcpRequestID(r.body)
-	if id == nil {
-		_, err = io.Copy(io.Discard, resp.Body)
-	} else {
-		w.body.Reset()
-		_, err = w.body.ReadFrom(resp.Body)
-	}
+	w.body.Reset()
+	_, err = w.body.ReadFrom(resp.Body)
 	resp.Body.Close()
 	if err != nil {
 		return "error"
 	}
 	label := classify(resp)
+	if id == nil && resp.Header.Get("Idempotency-Fingerprint") == "" && bytes.Contains(w.body.Bytes(), fingerprintMember) {
+		label += " " + markSignedBody
+	}
 	if id != nil {
 		label += classifyMCP(w.body.Bytes(), id)
 	}

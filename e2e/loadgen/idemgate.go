@@ -64,6 +64,9 @@ type idemgateSettings struct {
 	StoreTimeout string
 	RedisTimeout string
 	PostgresDSN  string // empty: no PostgreSQL (both empty: memory store)
+	// PreviewBodyOnly sets preview.fingerprint_header: false on the
+	// transfer operation (3 ext_proc messages per preview).
+	PreviewBodyOnly bool
 }
 
 // The operations (HTTP and MCP) and limits mirror envoy/idemgate.yaml; the store is the
@@ -106,7 +109,7 @@ drain: {period: 0s, timeout: 2s}
 operations:
   - name: transfer
     scope: payments.transfer
-    preview: {method: POST, path: /v1/transfers/preview}
+    preview: {method: POST, path: /v1/transfers/preview{{if .PreviewBodyOnly}}, fingerprint_header: false{{end}}}
     confirm: {method: POST, path: /v1/transfers/confirm}
     status:  {method: POST, path: /v1/transfers/status}
     preview_tool: transfer_preview

@@ -23,7 +23,7 @@ import (
 
 // serveOptions are the hidden flags of the child mode (-serve).
 type serveOptions struct {
-	kind         string // noop | answer | iofloor | upstream
+	kind         string // noop | noop-bodyonly | answer | iofloor | upstream
 	listen       string
 	redisAddr    string
 	redisPrefix  string // iofloor: prefix of its Redis keys
@@ -54,6 +54,8 @@ func serve(o serveOptions, stderr io.Writer) error {
 	switch o.kind {
 	case "noop":
 		srv = floor.Noop{}
+	case "noop-bodyonly":
+		srv = floor.NoopBodyOnly{}
 	case "answer":
 		srv = floor.Answer{}
 	case "iofloor":
@@ -74,7 +76,7 @@ func serve(o serveOptions, stderr io.Writer) error {
 		}
 		srv = io
 	default:
-		return fmt.Errorf("unknown -serve %q (noop|answer|iofloor|upstream)", o.kind)
+		return fmt.Errorf("unknown -serve %q (noop|noop-bodyonly|answer|iofloor|upstream)", o.kind)
 	}
 
 	lis, err := net.Listen("tcp", o.listen)

@@ -9,9 +9,11 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	mutationrulesv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
@@ -68,6 +70,15 @@ type Edits struct {
 	// configs that disable it stay: they name a filter type Envoy knows,
 	// which is all it checks.
 	DropExtProc bool
+	// ResponseCode adds response_attributes: [response.code] to the ext_proc
+	// filter, as `idemgate envoy-config` writes it for a config with a
+	// preview.fingerprint_header: false.
+	ResponseCode bool
+	// HeaderAuth replaces jwt_authn with a header-only stand-in: a
+	// header_mutation filter that sets the subject header to this value
+	// (the load benchmark's Envoy with authentication as cheap as a header
+	// filter).
+	HeaderAuth string
 }
 
 // RenderBootstrap returns shipped (envoy/envoy.yaml, or a variant of it)
@@ -137,7 +148,7 @@ func (e Edits) apply(bs *bootstrapv3.Bootstrap) error {
 		}
 		c.TransportSocket = &corev3.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: tc}}
 	}
-	if e.ConfirmRouteTimeout <= 0 && e.ConfirmRetryOn == "" && e.MessageTimeout <= 0 && !e.RawPaths && !e.DropExtProc {
+	if e.ConfirmRouteTimeout <= 0 && e.ConfirmRetryOn == "" && e.MessageTimeout <= 0 && !e.RawPaths && !e.DropExtProc && !e.ResponseCode && e.HeaderAuth == "" {
 		return nil
 	}
 	return editHCM(listeners[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig(), func(h *hcmv3.HttpConnectionManager) error {
@@ -167,6 +178,16 @@ func (e Edits) apply(bs *bootstrapv3.Bootstrap) error {
 		}
 		if e.MessageTimeout > 0 {
 			if err := setMessageTimeout(h, e.MessageTimeout); err != nil {
+				return err
+			}
+		}
+		if e.HeaderAuth != "" {
+			if err := replaceJWTWithHeader(h, e.HeaderAuth); err != nil {
+				return err
+			}
+		}
+		if e.ResponseCode {
+			if err := editExtProc(h, func(ep *extprocv3.ExternalProcessor) { ep.ResponseAttributes = []string{"response.code"} }); err != nil {
 				return err
 			}
 		}
@@ -311,13 +332,17 @@ func editRoute(h *hcmv3.HttpConnectionManager, name string, edit func(*routev3.R
 }
 
 func setMessageTimeout(h *hcmv3.HttpConnectionManager, d time.Duration) error {
+	return editExtProc(h, func(ep *extprocv3.ExternalProcessor) { ep.MessageTimeout = durationpb.New(d) })
+}
+
+// editExtProc applies edit to the ext_proc filter's config (wherever the
+// composite keeps it).
+func editExtProc(h *hcmv3.HttpConnectionManager, edit func(*extprocv3.ExternalProcessor)) error {
 	for _, f := range h.GetHttpFilters() {
 		if f.GetName() != ExtProcFilter {
 			continue
 		}
-		edited, err := EditWrapped(f.GetTypedConfig(), func(ep *extprocv3.ExternalProcessor) {
-			ep.MessageTimeout = durationpb.New(d)
-		})
+		edited, err := EditWrapped(f.GetTypedConfig(), edit)
 		if err != nil {
 			return err
 		}
@@ -340,4 +365,28 @@ func dropHTTPFilter(h *hcmv3.HttpConnectionManager, name string) error {
 	}
 	h.HttpFilters = kept
 	return nil
+}
+
+// jwtAuthnFilter is the name of envoy.yaml's authentication filter.
+const jwtAuthnFilter = "envoy.filters.http.jwt_authn"
+
+// replaceJWTWithHeader puts, where jwt_authn was, a header_mutation filter
+// that sets x-idemgate-subject to subject on every request.
+func replaceJWTWithHeader(h *hcmv3.HttpConnectionManager, subject string) error {
+	cfg, err := anypb.New(&headermutationv3.HeaderMutation{Mutations: &headermutationv3.Mutations{
+		RequestMutations: []*mutationrulesv3.HeaderMutation{{Action: &mutationrulesv3.HeaderMutation_Append{Append: &corev3.HeaderValueOption{
+			Header:       &corev3.HeaderValue{Key: "x-idemgate-subject", Value: subject},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		}}}},
+	}})
+	if err != nil {
+		return err
+	}
+	for i, f := range h.GetHttpFilters() {
+		if f.GetName() == jwtAuthnFilter {
+			h.HttpFilters[i] = &hcmv3.HttpFilter{Name: "header-auth-stand-in", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: cfg}}
+			return nil
+		}
+	}
+	return fmt.Errorf("envoy.yaml has no %s filter", jwtAuthnFilter)
 }

@@ -102,6 +102,7 @@ func Render(rt *config.Runtime, o Options) ([]byte, error) {
 		Predicates:       Predicates(rt.GuardedPaths()),
 		Routes:           operationRoutes(rt),
 		GuardedPathRegex: guardedPathRegex(rt.GuardedPaths()),
+		ResponseCode:     rt.ReadsResponseCode(),
 	}
 	if err := data.setAddress(o.IdemgateAddress); err != nil {
 		return nil, err
@@ -329,6 +330,9 @@ type view struct {
 	Routes           []opRoute
 	TooLarge         envelopeFields
 	GuardedPathRegex string
+	// ResponseCode asks Envoy for the response.code attribute (a preview
+	// with fingerprint_header: false reads its status from it).
+	ResponseCode bool
 }
 
 // yamlString quotes s for YAML (a JSON string is a YAML flow scalar).

@@ -1,6 +1,7 @@
 package pieces_test
 
 import (
+	"strings"
 	"testing"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -145,4 +146,20 @@ func TestRouteTimeoutsAndMCPRetries(t *testing.T) {
 	require.Equal(t, "20s", mcp.GetTimeout().AsDuration().String())
 	require.Equal(t, pieces.MCPRetryOn, mcp.GetRetryPolicy().GetRetryOn())
 	require.EqualValues(t, 2, mcp.GetRetryPolicy().GetNumRetries().GetValue())
+}
+
+// A preview whose fingerprint lives in the body only reads the upstream's
+// status from the response.code attribute: the filter asks for it then,
+// and only then.
+func TestResponseCodeAttributeForABodyOnlyPreview(t *testing.T) {
+	o := pieces.Options{ConfigPath: "test.yaml", IdemgateAddress: "10.0.0.7:7000", UpstreamCluster: "api"}
+	attrs := func(yaml string) []string {
+		filters, err := envoytest.UnpackFilters(render(t, yaml, o).Filters)
+		require.NoError(t, err)
+		return filters[0].Config.(*extprocv3.ExternalProcessor).GetResponseAttributes()
+	}
+	require.Empty(t, attrs(templatedConfig))
+	bodyOnly := strings.Replace(templatedConfig, `path: "/v1/accounts/{account}/payouts/preview"}`, `path: "/v1/accounts/{account}/payouts/preview", fingerprint_header: false}`, 1)
+	require.NotEqual(t, templatedConfig, bodyOnly)
+	require.Equal(t, []string{"response.code"}, attrs(bodyOnly))
 }

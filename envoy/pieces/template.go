@@ -111,9 +111,12 @@ http_filters:
                     message_timeout: {{seconds .MessageTimeout}}
                     # idemgate switches off per request the phases it does not need (mode_override):
                     # everything after the headers of a refused or unguarded request, the response body
-                    # of a non-2xx preview or an ambiguous confirm. A guarded request needs the rest:
-                    # the request body (params, fingerprint) before the upstream sees anything, the
-                    # response headers (status; a preview's Idempotency-Fingerprint header) and body.
+                    # of a non-2xx preview or an ambiguous confirm, the response headers of a preview
+                    # whose fingerprint lives in the body only (preview.fingerprint_header: false). A
+                    # guarded request needs the rest: the request headers (with them skipped Envoy
+                    # forwards the request before idemgate decides), the request body (params,
+                    # fingerprint), the response headers (status; a preview's Idempotency-Fingerprint
+                    # header) and body.
                     allow_mode_override: true
                     processing_mode:
                       request_header_mode: SEND
@@ -122,6 +125,12 @@ http_filters:
                       response_body_mode: BUFFERED
                       request_trailer_mode: SKIP
                       response_trailer_mode: SKIP
+{{- if .ResponseCode}}
+                    # The upstream's status on the first response message: what a preview without its
+                    # response headers (preview.fingerprint_header: false) reads; without it, such a
+                    # preview gets no fingerprint.
+                    response_attributes: [response.code]
+{{- end}}
             {{- if .MetadataNS}}
                     metadata_options:
                       forwarding_namespaces:

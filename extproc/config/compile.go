@@ -437,7 +437,7 @@ func (c *compiler) operations(ops []OperationSpec, rt *Runtime) ([]*Operation, *
 func (c *compiler) operation(i int, o *OperationSpec, idx *opIndex, rt *Runtime) *Operation {
 	base := p("operations", i)
 	at := func(segs ...any) []any { return append(clonePath(base), segs...) }
-	op := &Operation{Name: o.Name, Scope: o.Scope, PreviewTool: o.PreviewTool, StatusTool: o.StatusTool}
+	op := &Operation{Name: o.Name, Scope: o.Scope, PreviewTool: o.PreviewTool, StatusTool: o.StatusTool, PreviewFingerprintHeader: true}
 	c.identity(i, o, idx, at)
 	c.routes(op, o, idx, at)
 	c.tools(op, o, at)
@@ -507,6 +507,13 @@ func (c *compiler) routes(op *Operation, o *OperationSpec, idx *opIndex, at func
 		if r.spec == nil {
 			c.errorf(at(r.key), "required: {method: POST, path: /...}")
 			continue
+		}
+		if h := r.spec.FingerprintHeader; h != nil {
+			if r.kind != KindPreview {
+				c.errorf(at(r.key, "fingerprint_header"), "only a preview sends a fingerprint header: remove fingerprint_header")
+			} else {
+				op.PreviewFingerprintHeader = *h
+			}
 		}
 		rt, ok := c.route(r.spec, at(r.key))
 		if !ok {

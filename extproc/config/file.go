@@ -138,6 +138,11 @@ type OperationSpec struct {
 type RouteSpec struct {
 	Method string `yaml:"method"`
 	Path   string `yaml:"path"`
+	// FingerprintHeader (preview only, default true) sends the fingerprint
+	// in the Idempotency-Fingerprint response header too. false: the body
+	// alone carries it, and the preview costs Envoy one ext_proc message
+	// less (docs/performance.md "Fewer messages per stream").
+	FingerprintHeader *bool `yaml:"fingerprint_header"`
 }
 
 // MessageText overrides the meaning and/or instruction of one envelope.

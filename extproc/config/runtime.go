@@ -136,8 +136,13 @@ type Operation struct {
 	Status      Route
 	PreviewTool string
 	StatusTool  string
-	Params      []fingerprint.Param
-	Selector    *fingerprint.Selector
+	// PreviewFingerprintHeader: a preview's fingerprint also travels in the
+	// Idempotency-Fingerprint response header (preview.fingerprint_header,
+	// default true). Without it the preview skips its response-headers
+	// message and reads the status from the response.code attribute.
+	PreviewFingerprintHeader bool
+	Params                   []fingerprint.Param
+	Selector                 *fingerprint.Selector
 	// FingerprintField is the body field carrying the fingerprint;
 	// ExpiresAtField is FingerprintField + "_expires_at".
 	FingerprintField string
@@ -170,3 +175,16 @@ type Operation struct {
 // idempotency key, which decides EndLease versus MarkUnknown after an
 // ambiguous outcome.
 func (o *Operation) HonoursKeys() bool { return o.DownstreamHeader != "" }
+
+// ReadsResponseCode reports whether an HTTP operation's preview skips its
+// response headers (preview.fingerprint_header: false) and so reads the
+// upstream's status from Envoy's response.code attribute: Envoy must be
+// asked for it, and idemgate must decode attributes.
+func (rt *Runtime) ReadsResponseCode() bool {
+	for _, op := range rt.Operations {
+		if op.MCP == nil && !op.PreviewFingerprintHeader {
+			return true
+		}
+	}
+	return false
+}

@@ -27,7 +27,7 @@
 // Deliberately not modelled (our configuration never produces them): trailers,
 // STREAMED chunking (any non-NONE body mode sends the whole body in one
 // message, which is what Envoy does when the body is complete before the
-// headers reply), observability mode, attributes, dynamic_metadata,
+// headers reply), observability mode, request attributes, dynamic_metadata,
 // route-cache clearing and the header-mutation checker's bans.
 package extprocdriver
 
@@ -43,6 +43,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // Filter is the emulated ext_proc filter configuration.
@@ -53,6 +54,9 @@ type Filter struct {
 	AllowModeOverride bool
 	// MessageTimeout is message_timeout: how long Envoy waits for each reply.
 	MessageTimeout time.Duration
+	// ResponseCode is response_attributes: [response.code]: the upstream's
+	// status rides on the first response message as an attribute.
+	ResponseCode bool
 }
 
 // EnvoyFilter is the filter as envoy/envoy.yaml configures it for idemgate.
@@ -156,6 +160,11 @@ const (
 	// MarkIgnoredOverride: a body reply carried a mode_override, which Envoy
 	// ignores.
 	MarkIgnoredOverride
+	// MarkDroppedHeaderMutation: a response body reply carried a header
+	// mutation although the response headers were not sent (SKIP); Envoy
+	// holds no headers then and drops it (envoy/envoytest
+	// TestFewerMessagesOneMessagePerDirection).
+	MarkDroppedHeaderMutation
 )
 
 // Outcome is what one request ended with. It is comparable, so runs count
@@ -388,22 +397,37 @@ func (ex *exchange) run(hold Hold, up Upstream) Outcome {
 		v.Body = ex.resp.Body
 	}
 	ex.respLen = headerValue(ex.resp.Headers, "content-length")
+	if ex.respHead == filterv3.ProcessingMode_SKIP {
+		// BUFFERED with the headers skipped: Envoy strips content-length
+		// and checks nothing against a replaced body.
+		ex.respLen = ""
+	}
 	respEOS := len(ex.resp.Body) == 0
+	// The attributes ride on the first response message, whichever it is.
+	var attrs map[string]*structpb.Struct
+	if ex.filter.ResponseCode {
+		attrs = map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: map[string]*structpb.Value{
+			"response.code": structpb.NewNumberValue(float64(ex.resp.Status)),
+		}}}
+	}
 	if ex.respHead != filterv3.ProcessingMode_SKIP {
 		if out, done := ex.step(dirResponse, partHeaders, &extprocv3.ProcessingRequest{
 			Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
 				Headers:     &corev3.HeaderMap{Headers: ex.resp.Headers},
 				EndOfStream: respEOS,
 			}},
+			Attributes: attrs,
 		}); done {
 			return out
 		}
+		attrs = nil
 	}
 	if !respEOS && ex.respBody != filterv3.ProcessingMode_NONE {
 		if out, done := ex.step(dirResponse, partBody, &extprocv3.ProcessingRequest{
 			Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
 				Body: ex.resp.Body, EndOfStream: true,
 			}},
+			Attributes: attrs,
 		}); done {
 			return out
 		}
@@ -525,6 +549,12 @@ func (ex *exchange) apply(dir direction, p part, resp *extprocv3.ProcessingRespo
 		return spurious(ex.marks), true
 	}
 
+	if dir == dirResponse && p == partBody && ex.respHead == filterv3.ProcessingMode_SKIP {
+		if hm := common.GetHeaderMutation(); len(hm.GetSetHeaders()) > 0 || len(hm.GetRemoveHeaders()) > 0 {
+			ex.marks |= MarkDroppedHeaderMutation
+		}
+		common = &extprocv3.CommonResponse{Status: common.GetStatus(), BodyMutation: common.GetBodyMutation()}
+	}
 	if err := ex.mutateHeaders(dir, common.GetHeaderMutation()); err != ErrNone {
 		return Outcome{Status: 500, Local: true, Error: err, Marks: ex.marks}, true
 	}

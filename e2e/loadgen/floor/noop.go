@@ -1,5 +1,6 @@
 // Package floor holds the reference ext_proc servers idemgate is measured
 // against: Noop, the protocol floor (CONTINUE to everything, nothing else),
+// NoopBodyOnly, the same without the response headers (3 messages),
 // Answer, the floor of an answer after the request body (two messages),
 // and IO, the I/O floor (Noop plus exactly the store round trips of one
 // first-time confirm).
@@ -10,6 +11,7 @@ import (
 	"io"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
@@ -140,6 +142,55 @@ func (Answer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 		}
 		if resp == answerReply {
 			return nil
+		}
+	}
+}
+
+// NoopBodyOnly is the protocol floor of a preview whose fingerprint lives
+// in the body only (preview.fingerprint_header: false): like Noop, but its
+// reply to the request headers switches the response headers off
+// (mode_override, as idemgate does), so a request costs 3 messages.
+type NoopBodyOnly struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+var _ extprocv3.ExternalProcessorServer = NoopBodyOnly{}
+
+// bodyOnlyRequestHeaders is NoopBodyOnly's reply to the request headers,
+// built once: the override idemgate sends (body modes explicit, since an
+// omitted one means NONE).
+var bodyOnlyRequestHeaders = &extprocv3.ProcessingResponse{
+	Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}},
+	ModeOverride: &filterv3.ProcessingMode{
+		ResponseHeaderMode:  filterv3.ProcessingMode_SKIP,
+		RequestBodyMode:     filterv3.ProcessingMode_BUFFERED,
+		ResponseBodyMode:    filterv3.ProcessingMode_BUFFERED,
+		RequestTrailerMode:  filterv3.ProcessingMode_SKIP,
+		ResponseTrailerMode: filterv3.ProcessingMode_SKIP,
+	},
+}
+
+// Process answers one stream.
+func (NoopBodyOnly) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			if streamEnded(err) {
+				return nil
+			}
+			return err
+		}
+		resp := bodyOnlyRequestHeaders
+		if _, isHeaders := req.GetRequest().(*extprocv3.ProcessingRequest_RequestHeaders); !isHeaders {
+			if resp, err = continueFor(req); err != nil {
+				return err
+			}
+		}
+		if err := stream.Send(resp); err != nil {
+			if streamEnded(err) {
+				return nil
+			}
+			return err
 		}
 	}
 }
