@@ -6,7 +6,9 @@ import (
 	"reflect"
 	"testing"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"gopkg.in/yaml.v3"
+	k8syaml "sigs.k8s.io/yaml"
 )
 
 // TestPrometheusRuleEqualsTheRulesFile: the kustomize component's
@@ -34,5 +36,38 @@ func TestPrometheusRuleEqualsTheRulesFile(t *testing.T) {
 func TestDashboardConfigMapCopy(t *testing.T) {
 	if !bytes.Equal(readFile(t, dashboardFile), readFile(t, filepath.Join(componentDir, "idemgate-dashboard.json"))) {
 		t.Error("k8s/components/monitoring/idemgate-dashboard.json differs from deploy/monitoring/dashboard.json: copy it over")
+	}
+}
+
+// TestPrometheusRuleIsTheOperatorsType: the component's PrometheusRule
+// decodes strictly into the Prometheus Operator's own type (a misspelt or
+// misplaced field fails), and every alert and record it carries is the
+// operator's idea of one: a name, an expression, alerts with the labels
+// and annotations the runbooks rely on.
+func TestPrometheusRuleIsTheOperatorsType(t *testing.T) {
+	var pr monitoringv1.PrometheusRule
+	if err := k8syaml.UnmarshalStrict(readFile(t, filepath.Join(componentDir, "prometheusrule.yaml")), &pr); err != nil {
+		t.Fatalf("prometheusrule.yaml is not a monitoring.coreos.com/v1 PrometheusRule: %v", err)
+	}
+	if pr.APIVersion != monitoringv1.SchemeGroupVersion.String() || pr.Kind != monitoringv1.PrometheusRuleKind {
+		t.Fatalf("prometheusrule.yaml is a %s %s", pr.APIVersion, pr.Kind)
+	}
+	var alerts int
+	for _, g := range pr.Spec.Groups {
+		for _, r := range g.Rules {
+			if (r.Alert == "") == (r.Record == "") || r.Expr.String() == "" {
+				t.Errorf("group %s: a rule must be an alert or a record, with an expression: %+v", g.Name, r)
+			}
+			if r.Alert == "" {
+				continue
+			}
+			alerts++
+			if r.Labels["severity"] == "" || r.Annotations["summary"] == "" || r.Annotations["description"] == "" || r.Annotations["runbook_url"] == "" {
+				t.Errorf("alert %s lacks severity, summary, description or runbook_url", r.Alert)
+			}
+		}
+	}
+	if alerts == 0 {
+		t.Fatal("the PrometheusRule carries no alert")
 	}
 }
