@@ -3,9 +3,7 @@ package chaos
 import (
 	"context"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -95,42 +93,13 @@ type Result struct {
 func Run(t testing.TB, env stack.Env, opts Options) Result {
 	t.Helper()
 	opts.defaults()
-	rec := NewRecorder()
-	ledger := NewLedger(rec)
-	client := &http.Client{Transport: &http.Transport{
-		MaxIdleConnsPerHost: 64, IdleConnTimeout: 10 * time.Second,
-		DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
-	}}
-	defer client.CloseIdleConnections()
-	approvers, err := NewApprovers(client, rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp := StartTopology(t, env, opts, ledger, approvers)
-	approvers.pods = tp.Pods
 	started := time.Now()
-
-	mem := &memory{}
-	ctx, cancel := context.WithTimeout(context.Background(), opts.Duration)
-	defer cancel()
-	setup := agentSetup{seed: opts.Seed, users: opts.Users, pods: tp.Pods, client: client, rec: rec}
-	var wg sync.WaitGroup
-	for i := range opts.Agents {
-		a, err := setup.newAgent(i, mem)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Go(func() { a.Run(ctx) })
+	l := runLoad(t, env, opts, nil)
+	defer l.client.CloseIdleConnections()
+	rec, ledger, client, approvers, tp, faultsEnd := l.rec, l.ledger, l.client, l.approvers, l.tp, l.faultsEnd
+	if l.injErr != nil {
+		t.Fatalf("the fault injector could not restore the topology: %v", l.injErr)
 	}
-	// People decide the gated transfers meanwhile, through the same pods.
-	wg.Go(func() { approvers.Run(ctx, opts.Seed, opts.Approvers) })
-	in := NewInjector(tp, rec, opts.Seed, opts.FaultKinds)
-	injErr := in.Run(ctx, opts.FaultGap)
-	wg.Wait()
-	if injErr != nil {
-		t.Fatalf("the fault injector could not restore the topology: %v", injErr)
-	}
-	faultsEnd := in.End()
 	for _, p := range tp.Pods {
 		if err := p.Idemgate.WaitReady(60 * time.Second); err != nil {
 			t.Fatalf("idemgate %d not ready after the faults: %v", p.Index, err)

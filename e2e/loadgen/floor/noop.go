@@ -75,6 +75,15 @@ var _ extprocv3.ExternalProcessorServer = Noop{}
 
 // Process answers one stream.
 func (Noop) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	return answerEach(stream, func(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, bool, error) {
+		resp, err := continueFor(req)
+		return resp, false, err
+	})
+}
+
+// answerEach runs a stream: reply answers each message and says whether
+// its answer ends the stream; Envoy ending it is no error.
+func answerEach(stream extprocv3.ExternalProcessor_ProcessServer, reply func(*extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, bool, error)) error {
 	for {
 		req, err := stream.Recv()
 		if err != nil {
@@ -83,7 +92,7 @@ func (Noop) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 			}
 			return err
 		}
-		resp, err := continueFor(req)
+		resp, last, err := reply(req)
 		if err != nil {
 			return err
 		}
@@ -92,6 +101,9 @@ func (Noop) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 				return nil
 			}
 			return err
+		}
+		if last {
+			return nil
 		}
 	}
 }
@@ -120,30 +132,13 @@ var answerReply = &extprocv3.ProcessingResponse{
 
 // Process answers one stream.
 func (Answer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	for {
-		req, err := stream.Recv()
-		if err != nil {
-			if streamEnded(err) {
-				return nil
-			}
-			return err
+	return answerEach(stream, func(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, bool, error) {
+		if _, isBody := req.GetRequest().(*extprocv3.ProcessingRequest_RequestBody); isBody {
+			return answerReply, true, nil
 		}
-		resp := answerReply
-		if _, isBody := req.GetRequest().(*extprocv3.ProcessingRequest_RequestBody); !isBody {
-			if resp, err = continueFor(req); err != nil {
-				return err
-			}
-		}
-		if err := stream.Send(resp); err != nil {
-			if streamEnded(err) {
-				return nil
-			}
-			return err
-		}
-		if resp == answerReply {
-			return nil
-		}
-	}
+		resp, err := continueFor(req)
+		return resp, false, err
+	})
 }
 
 // NoopBodyOnly is the protocol floor of a preview whose fingerprint lives
@@ -172,25 +167,11 @@ var bodyOnlyRequestHeaders = &extprocv3.ProcessingResponse{
 
 // Process answers one stream.
 func (NoopBodyOnly) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	for {
-		req, err := stream.Recv()
-		if err != nil {
-			if streamEnded(err) {
-				return nil
-			}
-			return err
+	return answerEach(stream, func(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, bool, error) {
+		if _, isHeaders := req.GetRequest().(*extprocv3.ProcessingRequest_RequestHeaders); isHeaders {
+			return bodyOnlyRequestHeaders, false, nil
 		}
-		resp := bodyOnlyRequestHeaders
-		if _, isHeaders := req.GetRequest().(*extprocv3.ProcessingRequest_RequestHeaders); !isHeaders {
-			if resp, err = continueFor(req); err != nil {
-				return err
-			}
-		}
-		if err := stream.Send(resp); err != nil {
-			if streamEnded(err) {
-				return nil
-			}
-			return err
-		}
-	}
+		resp, err := continueFor(req)
+		return resp, false, err
+	})
 }
