@@ -130,7 +130,17 @@ func (ex *exchange) acquire(claims fingerprint.Claims, headersOnly bool) (*extpr
 // still have been written (a timeout after the backend committed): it is
 // given back in the background so the retry the agent is told to make is
 // not answered in_progress for the whole lease.
+//
+// A terminal record this replica has read before is answered from memory:
+// it cannot have changed, and the match on scope, subject and params is the
+// one every store makes before answering DONE or FAILED (a mismatch goes to
+// the store, which answers it).
 func (ex *exchange) storeAcquire(claims fingerprint.Claims, owner string) (state.Answer, error) {
+	if rec, ok := ex.srv.terminals.Get(claims.Nonce, ex.srv.now()); ok &&
+		rec.Scope == ex.op.Scope && rec.SubjectTag == claims.SubjectTag && rec.ParamHash == claims.ParamHash {
+		ex.srv.metrics.terminalCache.WithLabelValues("hit").Inc()
+		return state.Answer{Outcome: terminalOutcome(rec.State), Record: rec}, nil
+	}
 	ttl := ex.srv.cfg.TTL
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
 	ans, err := ex.srv.store.Acquire(ctx, state.AcquireRequest{
@@ -141,7 +151,20 @@ func (ex *exchange) storeAcquire(claims fingerprint.Claims, owner string) (state
 	if mayHaveWritten(err) {
 		ex.srv.abandons.pursue(ex.ctx, state.Claim{Key: claims.Nonce, Owner: owner, Fence: 1}, ex.op.Name)
 	}
+	if err == nil && (ans.Outcome == state.OutcomeDone || ans.Outcome == state.OutcomeFailed) && ans.Record.State.Terminal() {
+		if ex.srv.terminals.Put(ans.Record, ex.srv.now()) {
+			ex.srv.metrics.terminalCache.WithLabelValues("kept").Inc()
+		}
+	}
 	return ans, err
+}
+
+// terminalOutcome is the Acquire outcome of a terminal record's state.
+func terminalOutcome(s state.RecordState) state.Outcome {
+	if s == state.Failed {
+		return state.OutcomeFailed
+	}
+	return state.OutcomeDone
 }
 
 // answer turns a store answer into the reply. attempt bounds the follow-up

@@ -21,6 +21,7 @@ type Metrics struct {
 	openStreams    prometheus.Gauge
 	panics         prometheus.Counter
 	notOwner       *prometheus.CounterVec
+	terminalCache  *prometheus.CounterVec
 	settlements    *prometheus.CounterVec
 	// backgroundAbandons counts claims a failed store call may have written
 	// and that were pursued in the background (see abandon.go).
@@ -64,6 +65,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemgate_panics_total",
 			Help: "Panics recovered while processing a stream (answered with internal_error).",
 		}),
+		terminalCache: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_terminal_cache_total",
+			Help: "The replica's memory of terminal records (limits.terminal_cache_bytes): kept (a DONE or FAILED record read from the store was kept), hit (a replay answered from it without a store call).",
+		}, []string{"event"}),
 		notOwner: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemgate_not_owner_total",
 			Help: "Completions refused because the record had moved to another owner (a late answer after a takeover).",
@@ -103,7 +108,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	// the series to exist before it (docs/design.md §12).
 	m.securityEvents.WithLabelValues(security.ReasonPeerRefused)
 	reg.MustRegister(m.decisions, m.storeLatency, m.fallbacks, m.securityEvents, m.openStreams,
-		m.panics, m.notOwner, m.settlements, m.backgroundAbandons, m.passthrough, m.webhook, m.ready, m.approvals, m.processing)
+		m.panics, m.notOwner, m.terminalCache, m.settlements, m.backgroundAbandons, m.passthrough, m.webhook, m.ready, m.approvals, m.processing)
 	return m
 }
 

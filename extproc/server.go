@@ -33,6 +33,7 @@ import (
 	"github.com/idemgate/idemgate/extproc/envelope"
 	"github.com/idemgate/idemgate/extproc/requeststate"
 	"github.com/idemgate/idemgate/extproc/security"
+	"github.com/idemgate/idemgate/extproc/terminalcache"
 	"github.com/idemgate/idemgate/state"
 )
 
@@ -93,6 +94,9 @@ type Server struct {
 	mcpTexts map[*config.Operation]envelope.MCPText
 	// states seals the requestState of approval input requests.
 	states *requeststate.Sealer
+	// terminals are the terminal records this replica's confirms read
+	// (limits.terminal_cache_bytes): a repeated replay needs no store call.
+	terminals *terminalcache.Cache
 
 	storeTimeout time.Duration
 }
@@ -132,6 +136,7 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	return &Server{
 		states:       states,
+		terminals:    terminalcache.New(opts.Config.Limits.TerminalCacheBytes),
 		abandons:     newAbandoner(opts.Store, opts.Config.Store.Timeout, opts.Logger, opts.Metrics),
 		cfg:          opts.Config,
 		store:        opts.Store,

@@ -20,19 +20,23 @@ import (
 // settings' defaults (listeners, log, store backends, drain, tracing) are in
 // cmd/idemgate/settings.
 const (
-	DefaultSubjectHeader    = "x-idemgate-subject"
-	DefaultStoreTimeout     = 250 * time.Millisecond
-	DefaultFingerprintTTL   = 15 * time.Minute
-	DefaultInFlightTTL      = 2 * time.Minute
-	DefaultTerminalTTL      = 72 * time.Hour
-	DefaultMaxBodyBytes     = 1 << 20
-	DefaultMaxJSONDepth     = 32
-	DefaultLanguage         = "en"
-	DefaultWebhookTimeout   = 2 * time.Second
-	DefaultWebhookQueue     = 1000
-	DefaultFingerprintField = "fingerprint"
-	DefaultDownstreamHeader = "idempotency-key"
-	DefaultPollAfter        = 2 * time.Second
+	DefaultSubjectHeader  = "x-idemgate-subject"
+	DefaultStoreTimeout   = 250 * time.Millisecond
+	DefaultFingerprintTTL = 15 * time.Minute
+	DefaultInFlightTTL    = 2 * time.Minute
+	DefaultTerminalTTL    = 72 * time.Hour
+	DefaultMaxBodyBytes   = 1 << 20
+	DefaultMaxJSONDepth   = 32
+	// DefaultTerminalCacheBytes holds the results of a few thousand recent
+	// confirms per replica: enough for an agent's retry loop, small beside
+	// the process.
+	DefaultTerminalCacheBytes = 16 << 20
+	DefaultLanguage           = "en"
+	DefaultWebhookTimeout     = 2 * time.Second
+	DefaultWebhookQueue       = 1000
+	DefaultFingerprintField   = "fingerprint"
+	DefaultDownstreamHeader   = "idempotency-key"
+	DefaultPollAfter          = 2 * time.Second
 	// DefaultUpstreamTimeout is an operation's upstream_timeout when it sets
 	// none, unless ttl.in_flight is too short for it (DefaultUpstreamTimeoutFor).
 	// Never "no timeout": Envoy reads a 0s route timeout as unbounded, and a
@@ -358,7 +362,7 @@ func DefaultReplayCache(fingerprint, terminal time.Duration) time.Duration {
 }
 
 func (c *compiler) limits(l Limits) LimitSettings {
-	out := LimitSettings{MaxBodyBytes: DefaultMaxBodyBytes, MaxJSONDepth: DefaultMaxJSONDepth}
+	out := LimitSettings{MaxBodyBytes: DefaultMaxBodyBytes, MaxJSONDepth: DefaultMaxJSONDepth, TerminalCacheBytes: DefaultTerminalCacheBytes}
 	if l.MaxBodyBytes != nil {
 		out.MaxBodyBytes = *l.MaxBodyBytes
 		if out.MaxBodyBytes <= 0 {
@@ -371,6 +375,13 @@ func (c *compiler) limits(l Limits) LimitSettings {
 		if out.MaxJSONDepth < 1 || out.MaxJSONDepth > fingerprint.HardMaxDepth {
 			c.errorf(p("limits", "max_json_depth"), "must be between 1 and %d", fingerprint.HardMaxDepth)
 			out.MaxJSONDepth = DefaultMaxJSONDepth
+		}
+	}
+	if l.TerminalCacheBytes != nil {
+		out.TerminalCacheBytes = *l.TerminalCacheBytes
+		if out.TerminalCacheBytes < 0 {
+			c.errorf(p("limits", "terminal_cache_bytes"), "must not be negative (0 keeps no terminal records in memory)")
+			out.TerminalCacheBytes = DefaultTerminalCacheBytes
 		}
 	}
 	return out

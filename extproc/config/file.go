@@ -82,10 +82,11 @@ type TTL struct {
 	ReplayCache string `yaml:"replay_cache"`
 }
 
-// Limits bound what idemgate reads from a body.
+// Limits bound what idemgate reads from a body and what it keeps in memory.
 type Limits struct {
-	MaxBodyBytes *int64 `yaml:"max_body_bytes"`
-	MaxJSONDepth *int   `yaml:"max_json_depth"`
+	MaxBodyBytes       *int64 `yaml:"max_body_bytes"`
+	MaxJSONDepth       *int   `yaml:"max_json_depth"`
+	TerminalCacheBytes *int64 `yaml:"terminal_cache_bytes"`
 }
 
 // Messages selects the built-in catalogue.

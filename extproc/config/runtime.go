@@ -68,6 +68,10 @@ type TTLSettings struct {
 type LimitSettings struct {
 	MaxBodyBytes int64
 	MaxJSONDepth int
+	// TerminalCacheBytes bounds the replica's memory of terminal records
+	// (limits.terminal_cache_bytes; 0: none kept, every replay asks the
+	// store).
+	TerminalCacheBytes int64
 }
 
 // WebhookSettings configures the security-event webhook (URL empty = off).

@@ -137,6 +137,7 @@ func TestBadConfigs(t *testing.T) {
 		{file: "max_body_zero.yaml", want: []string{
 			"max_body_zero.yaml:5:26: limits.max_body_bytes: must be positive",
 			"max_body_zero.yaml:5:45: limits.max_json_depth: must be between 1 and 1000",
+			"max_body_zero.yaml:5:73: limits.terminal_cache_bytes: must not be negative (0 keeps no terminal records in memory)",
 		}},
 		{file: "missing_operation_fields.yaml", want: []string{
 			"missing_operation_fields.yaml:6:5: operations[0].name: required",
@@ -287,7 +288,7 @@ operations:
 	require.Equal(t, "memory", cfg.Store.Backend())
 	require.Equal(t, config.DefaultStoreTimeout, cfg.Store.Timeout)
 	require.Equal(t, config.TTLSettings{Fingerprint: config.DefaultFingerprintTTL, InFlight: config.DefaultInFlightTTL, Terminal: config.DefaultTerminalTTL, ReplayCache: config.DefaultReplayCache(config.DefaultFingerprintTTL, config.DefaultTerminalTTL)}, cfg.Runtime.TTL)
-	require.Equal(t, config.LimitSettings{MaxBodyBytes: config.DefaultMaxBodyBytes, MaxJSONDepth: config.DefaultMaxJSONDepth}, cfg.Runtime.Limits)
+	require.Equal(t, config.LimitSettings{MaxBodyBytes: config.DefaultMaxBodyBytes, MaxJSONDepth: config.DefaultMaxJSONDepth, TerminalCacheBytes: config.DefaultTerminalCacheBytes}, cfg.Runtime.Limits)
 	require.Equal(t, "en", cfg.Runtime.Language)
 	require.Equal(t, config.WebhookSettings{Timeout: config.DefaultWebhookTimeout, QueueSize: config.DefaultWebhookQueue}, cfg.Runtime.Webhook)
 	require.Equal(t, DrainSettings{Period: DefaultDrainPeriod, Timeout: DefaultDrainTimeout}, cfg.Drain)
