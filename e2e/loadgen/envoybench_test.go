@@ -98,6 +98,40 @@ func TestThroughEnvoyTiny(t *testing.T) {
 	require.Empty(t, keys)
 }
 
+// TestEnvoyTableNamesEveryColumn: the table the run writes describes every
+// column (an entry missing from envoyColumnDescriptions left a column's
+// line empty in BENCHMARKS.md), lists each once, and every ratio is named
+// after, and divides, two of its columns. No services: nothing is measured.
+func TestEnvoyTableNamesEveryColumn(t *testing.T) {
+	b := newTestBench(t)
+	e := &envoyBench{b: b, results: map[string]map[int]*httpResult{}, cpu: map[string]map[int]*cpuUse{},
+		roundRates: map[string]map[int][]float64{}, table: &report.EnvoyTable{Concurrencies: b.opts.concurrencies}}
+	e.finish()
+	tab := e.table
+
+	var names []string
+	for _, col := range tab.Columns {
+		require.NotEmpty(t, strings.TrimSpace(col.Description), "column %s has no description", col.Name)
+		require.NotContains(t, names, col.Name, "column listed twice")
+		names = append(names, col.Name)
+	}
+	require.Equal(t, envoyColumns, names)
+	for col := range envoyColumnDescriptions {
+		require.Contains(t, envoyColumns, col, "a description of no column")
+	}
+	for _, col := range idemgateColumns {
+		require.Contains(t, envoyColumns, col)
+	}
+	var ratios []string
+	for _, ra := range tab.Ratios {
+		require.Contains(t, envoyColumns, ra.Num, ra.Name)
+		require.Contains(t, envoyColumns, ra.Den, ra.Name)
+		require.Equal(t, ra.Num+" / "+ra.Den, ra.Name)
+		require.NotContains(t, ratios, ra.Name, "ratio listed twice")
+		ratios = append(ratios, ra.Name)
+	}
+}
+
 // sharedRedisOrSkip needs the machine's Redis (make services), as servicesOrSkip.
 func sharedRedisOrSkip(t *testing.T) {
 	t.Helper()
