@@ -38,7 +38,7 @@ func TestThroughEnvoyTiny(t *testing.T) {
 	// window is a second so that a column slowed by a busy machine (the
 	// io-floor's PostgreSQL writes) still completes some. At c=4
 	// (the highest, so the targets' concurrency) the attach pair gets 2
-	// rounds of its own.
+	// rounds of its own; the header-auth other-path pair does not.
 	b := newTestBench(t, "-idemgate", bin, "-scenarios", "", "-concurrency", "1,4",
 		"-envoy-rounds", "1", "-envoy-attach-rounds", "2", "-envoy-duration", "1s", "-envoy-warmup", "0s",
 		"-budget-rate", "400", "-envoy-confirm-rate", "400", "-replay-pool", "32")
@@ -76,6 +76,13 @@ func TestThroughEnvoyTiny(t *testing.T) {
 	})
 	require.GreaterOrEqual(t, i, 0)
 	require.Len(t, tab.RoundRatios[i].PerConcurrency[4], 3)
+	require.Len(t, tab.RoundRatios[i].PerConcurrency[1], 1)
+	// The attach ratio with the header-only stand-in: its rotated round only.
+	i = slices.IndexFunc(tab.RoundRatios, func(rr report.RoundRatio) bool {
+		return rr.Name == "envoy+idemgate other-path header-auth / envoy other-path header-auth"
+	})
+	require.GreaterOrEqual(t, i, 0)
+	require.Len(t, tab.RoundRatios[i].PerConcurrency[4], 1)
 	require.Len(t, tab.RoundRatios[i].PerConcurrency[1], 1)
 	// The private ext_proc channels (mutual TLS, a unix socket) are measured
 	// in the same run, beside plaintext loopback, with their ratios.
