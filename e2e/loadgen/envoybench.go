@@ -56,6 +56,11 @@ const (
 	evPlainHeaderAuth           = "envoy header-auth"
 	evPreviewHeaderAuth         = "envoy+preview header-auth"
 	evPreviewBodyOnlyHeaderAuth = "envoy+preview bodyonly header-auth"
+	// The attach cost again with the header-only stand-in: the other path
+	// through those two Envoys (Envoy alone, the Envoy that carries
+	// idemgate).
+	evPlainOtherHeaderAuth    = "envoy other-path header-auth"
+	evAttachedOtherHeaderAuth = "envoy+idemgate other-path header-auth"
 
 	// The same over MCP (operations[transfer_mcp]): tools/call requests of
 	// a 2026-07-28 client to /mcp.
@@ -76,9 +81,12 @@ var envoyColumnDescriptions = map[string]string{
 	evConfirm:                   "(c) Envoy + idemgate, first-time confirm on the tiered store (Redis + PostgreSQL): verify, acquire, the upstream called with Idempotency-Key, complete. Each request carries a distinct fingerprint minted with idemgate's key for the JWT's subject. Expected: 200 with the upstream's mark that it saw the key.",
 	evPreviewMTLS:               "(c) as envoy+preview, the ext_proc channel over mutual TLS: idemgate serves grpc_tls (TLS 1.2+, client certificate required and its SAN checked), Envoy's idemgate cluster carries the UpstreamTlsContext `idemgate envoy-config` writes (client certificate, idemgate's CA and SAN, ALPN h2). Envoy keeps its HTTP/2 connections, so the handshake is paid once per connection, not per request.",
 	evPreviewUnix:               "(c) as envoy+preview, the ext_proc channel over a unix socket (grpc_listen: unix:///…, Envoy's cluster on a pipe address): the sidecar shape of k8s/envoy-gateway.",
+	evAnswer:                    "(b) Envoy + the answering no-op server (this tool with -serve answer, on idemgate's gRPC transport): CONTINUE to the request headers, then to the request body an immediate response of its own (200, a fixed JSON body, Idempotent-Replayed: true), as idemgate answers a replay: 2 messages per request, no store call, the upstream not called. Sent the confirms of envoy+replay (the same pool, round-robin). Expected: 200 with Idempotent-Replayed: true.",
 	evNoopBodyOnly:              "(b) as envoy+noop, the no-op server (-serve noop-bodyonly) switching the response headers off in its reply to the request headers, as idemgate does for a body-only preview: 3 messages per request; Envoy's ext_proc filter also asks for response_attributes: [response.code]. Preview requests.",
 	evPlainHeaderAuth:           "(a) as envoy, with jwt_authn replaced by a header-only stand-in (a header_mutation filter setting x-idemgate-subject): Envoy alone when authentication costs as little as one header filter. Preview requests.",
 	evPreviewHeaderAuth:         "(c) as envoy+preview, with the header-only stand-in for jwt_authn.",
+	evPlainOtherHeaderAuth:      "(a) as envoy other-path (POST " + otherPath + "), with the header-only stand-in for jwt_authn: the Envoy of envoy header-auth.",
+	evAttachedOtherHeaderAuth:   "(c) as envoy+idemgate other-path (POST " + otherPath + ": no ext_proc filter, no stream), with the header-only stand-in for jwt_authn: the Envoy of envoy+preview header-auth. What attaching idemgate costs the rest of an API when authentication costs Envoy almost nothing.",
 	evPreviewBodyOnlyHeaderAuth: "(c) as envoy+preview bodyonly, with the header-only stand-in for jwt_authn.",
 	evPreviewBodyOnly:           "(c) Envoy + idemgate, preview with preview.fingerprint_header: false (its own idemgate and Envoy, the filter with response_attributes: [response.code] as idemgate envoy-config writes it then): 3 messages, the status read from response.code, the fingerprint signed into the quote only. Expected: 200 with the fingerprint in the body.",
 	evReplay:                    "(c) Envoy + idemgate, replay: confirms of fingerprints already DONE (a pool confirmed through Envoy beforehand, reused round-robin): idemgate answers from the record after the request body, the upstream is not called. Expected: 200 with Idempotent-Replayed: true.",
@@ -91,10 +99,25 @@ var envoyColumnDescriptions = map[string]string{
 }
 
 // envoyColumns lists every column in report order.
-var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evPlainHeaderAuth, evNoop, evNoopBodyOnly, evAnswer, evIO, evPreview, evPreviewBodyOnly, evPreviewHeaderAuth, evPreviewBodyOnlyHeaderAuth, evPreviewMTLS, evPreviewUnix, evConfirm, evReplay, evNoopMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
+//
+// The header-auth other-path pair is adjacent, at an index of at least
+// -envoy-rounds' default, so that every default rotated round measures it
+// back to back, Envoy alone first (headerAuthPairBackToBack): the pair gets no
+// rounds of its own, its ratio has no target.
+var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evPlainHeaderAuth, evPlainOtherHeaderAuth, evAttachedOtherHeaderAuth, evNoop, evNoopBodyOnly, evAnswer, evIO, evPreview, evPreviewBodyOnly, evPreviewHeaderAuth, evPreviewBodyOnlyHeaderAuth, evPreviewMTLS, evPreviewUnix, evConfirm, evReplay, evNoopMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
 
 // idemgateColumns are the columns idemgate serves.
-var idemgateColumns = []string{evPreview, evPreviewHeaderAuth, evConfirm, evReplay, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay, evAttachedOther}
+var idemgateColumns = []string{evPreview, evPreviewHeaderAuth, evConfirm, evReplay, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay, evAttachedOther, evAttachedOtherHeaderAuth}
+
+// otherPathColumn reports whether a column sends POST otherPath (a path no
+// operation guards).
+func otherPathColumn(column string) bool {
+	switch column {
+	case evPlainOther, evAttachedOther, evPlainOtherHeaderAuth, evAttachedOtherHeaderAuth:
+		return true
+	}
+	return false
+}
 
 // envoyBench is one through-Envoy run: the upstream, the ext_proc servers,
 // one Envoy per ext_proc target and the JWTs.
@@ -273,6 +296,10 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	clusters := func(extProc string) map[string]string {
 		return map[string]string{envoytest.IdemgateCluster: extProc, envoytest.PaymentsCluster: upAddr}
 	}
+	// idemgate's header-auth columns have an Envoy of their own.
+	jwtIdemgateColumns := slices.DeleteFunc(slices.Clone(idemgateColumns), func(c string) bool {
+		return c == evPreviewHeaderAuth || c == evAttachedOtherHeaderAuth
+	})
 	for _, s := range []struct {
 		columns []string
 		edits   envoytest.Edits
@@ -281,13 +308,13 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		{[]string{evNoop, evNoopMCP}, envoytest.Edits{Clusters: clusters(noopAddr)}},
 		{[]string{evIO}, envoytest.Edits{Clusters: clusters(ioAddr)}},
 		{[]string{evAnswer}, envoytest.Edits{Clusters: clusters(answerAddr)}},
-		{idemgateColumns, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr)}},
+		{jwtIdemgateColumns, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr)}},
 		{[]string{evPreviewMTLS}, envoytest.Edits{Clusters: clusters(e.idemMTLS.grpcAddr), ClusterTLS: mtlsCluster}},
 		{[]string{evPreviewUnix}, envoytest.Edits{Clusters: clusters(e.idemUnix.grpcAddr)}},
 		{[]string{evNoopBodyOnly}, envoytest.Edits{Clusters: clusters(noopBodyOnlyAddr), ResponseCode: true}},
 		{[]string{evPreviewBodyOnly}, envoytest.Edits{Clusters: clusters(e.idemBodyOnly.grpcAddr), ResponseCode: true}},
-		{[]string{evPlainHeaderAuth}, envoytest.Edits{Clusters: clusters(noopAddr), DropExtProc: true, HeaderAuth: headerAuthSubject}},
-		{[]string{evPreviewHeaderAuth}, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr), HeaderAuth: headerAuthSubject}},
+		{[]string{evPlainHeaderAuth, evPlainOtherHeaderAuth}, envoytest.Edits{Clusters: clusters(noopAddr), DropExtProc: true, HeaderAuth: headerAuthSubject}},
+		{[]string{evPreviewHeaderAuth, evAttachedOtherHeaderAuth}, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr), HeaderAuth: headerAuthSubject}},
 		{[]string{evPreviewBodyOnlyHeaderAuth}, envoytest.Edits{Clusters: clusters(e.idemBodyOnly.grpcAddr), ResponseCode: true, HeaderAuth: headerAuthSubject}},
 	} {
 		p, err := startEnvoy(ctx, e.bin, e.dir, s.columns[0], s.edits)
@@ -296,6 +323,9 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		}
 		e.children = append(e.children, p)
 		for _, c := range s.columns {
+			if e.envoys[c] != nil {
+				return fmt.Errorf("column %s given two Envoys", c)
+			}
 			e.envoys[c] = p
 		}
 	}
@@ -451,7 +481,7 @@ func (e *envoyBench) source(column string, c int) (httpSource, error) {
 		return &mcpSource{tool: mcpConfirmTool, tokens: e.tokens, items: e.mcpReplay, cycle: true, limit: uint64(float64(o.budgetRate) * cell)}, nil
 	}
 	path := previewPath
-	if column == evPlainOther || column == evAttachedOther {
+	if otherPathColumn(column) {
 		path = otherPath
 	}
 	return &previewHTTPSource{path: path, tokens: e.tokens, limit: uint64(float64(o.budgetRate) * cell)}, nil
@@ -499,8 +529,7 @@ func (e *envoyBench) measure(ctx context.Context) error {
 	o := e.b.opts
 	for _, c := range o.concurrencies {
 		for round := 0; round < o.envoyRounds; round++ {
-			for k := range envoyColumns {
-				column := envoyColumns[(k+round)%len(envoyColumns)]
+			for _, column := range rotatedColumns(round) {
 				if err := e.measureCell(ctx, column, c, round); err != nil {
 					return fmt.Errorf("%s at concurrency %d, round %d: %w", column, c, round+1, err)
 				}
@@ -526,6 +555,27 @@ func (e *envoyBench) measure(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// rotatedColumns is the column order of a rotated round: envoyColumns
+// rotated by one each round.
+func rotatedColumns(round int) []string {
+	k := round % len(envoyColumns)
+	return append(slices.Clone(envoyColumns[k:]), envoyColumns[:k]...)
+}
+
+// headerAuthPairBackToBack is how many of the first rounds rotated rounds
+// measure the header-auth other-path pair back to back (the rotation splits
+// it only in the round that starts with its second column).
+func headerAuthPairBackToBack(rounds int) int {
+	n := 0
+	for r := 0; r < rounds; r++ {
+		order := rotatedColumns(r)
+		if slices.Index(order, evAttachedOtherHeaderAuth) == slices.Index(order, evPlainOtherHeaderAuth)+1 {
+			n++
+		}
+	}
+	return n
 }
 
 // attachPairRounds is the order of the extra rounds that measure only the
@@ -573,7 +623,7 @@ func (e *envoyBench) measureCell(ctx context.Context, column string, c, round in
 	}
 	run := httpRun{addr: e.envoys[column].ListenAddr, source: src, concurrency: c,
 		warmup: o.envoyWarmup, duration: o.envoyDuration, expect: expectedLabel(column)}
-	if slices.Contains(idemgateColumns, column) && column != evAttachedOther && round == 0 {
+	if slices.Contains(idemgateColumns, column) && !otherPathColumn(column) && round == 0 {
 		prof := e.b.profiler(ctx, cellSpec{scenario: column, idemgate: e.idem}, c)
 		run.windowStarted = prof.start
 		defer prof.wait()
@@ -749,6 +799,8 @@ func (e *envoyBench) finish() {
 		{Name: "envoy+noop / envoy", Num: evNoop, Den: evPlain, Note: "what an ext_proc stream costs Envoy itself, with a server that does nothing."},
 		{Name: "envoy+idemgate other-path / envoy other-path", Num: evAttachedOther, Den: evPlainOther, Target: 0.95, TargetConcurrency: at,
 			Note: "what attaching idemgate costs a request it does not guard: the composite runs no ext_proc (no filter, no stream)."},
+		{Name: "envoy+idemgate other-path header-auth / envoy other-path header-auth", Num: evAttachedOtherHeaderAuth, Den: evPlainOtherHeaderAuth,
+			Note: "the same with the header-only stand-in for jwt_authn in both, where Envoy alone does less per request; reported, no target: measured in the rotated rounds only (no rounds of its own; see Settings)."},
 		{Name: "envoy+preview / envoy", Num: evPreview, Den: evPlain, Target: 0.45, TargetConcurrency: at,
 			Note: "a guarded preview against Envoy alone: 4 ext_proc messages (request headers and body, response headers and body)."},
 		{Name: "envoy+preview bodyonly / envoy", Num: evPreviewBodyOnly, Den: evPlain, Target: 0.55, TargetConcurrency: at,
@@ -810,10 +862,11 @@ func (e *envoyBench) finish() {
 	t.Intro = fmt.Sprintf("HTTP requests from a Go client to a real Envoy %s (`.envoy-version`) configured from the shipped `envoy/envoy.yaml` "+
 		"with only addresses substituted (for column (a) the ext_proc filter removed): header_mutation, jwt_authn verifying an ES256 JWT "+
 		"from `e2e/demoauth` on every request, ext_proc with its shipped processing modes, the router. Every column in the same run; "+
-		"%d rounds per concurrency, the column order rotated each round, figures over all rounds together; at c=%d the two other-path columns also get %d back-to-back rounds of their own.", e.version, o.envoyRounds, at, o.envoyAttachRounds)
+		"%d rounds per concurrency, the column order rotated each round, figures over all rounds together; at c=%d the two jwt_authn other-path columns also get %d back-to-back rounds of their own.", e.version, o.envoyRounds, at, o.envoyAttachRounds)
 	t.Settings = []string{
 		fmt.Sprintf("%d rounds × %s measured per cell after %s warm-up; per concurrency every column once per round, the order rotated by one each round.", o.envoyRounds, o.envoyDuration, o.envoyWarmup),
 		fmt.Sprintf("The attach ratio (envoy+idemgate other-path / envoy other-path) targets a difference smaller than one round's spread, and in the rotated rounds its two cells can be a whole round apart. So at c=%d the two columns get %d more rounds of their own after the rotated ones: the two cells back to back, which goes first alternating. Their figures, CPU split and round ratios at c=%d include these rounds (%d in all).", at, o.envoyAttachRounds, at, o.envoyRounds+o.envoyAttachRounds),
+		fmt.Sprintf("The same pair with the header-only stand-in (envoy other-path header-auth, envoy+idemgate other-path header-auth) has no target and no rounds of its own: the two are next to each other in the column order, so %d of the %d rotated rounds measure them back to back, Envoy alone first.", headerAuthPairBackToBack(o.envoyRounds), o.envoyRounds),
 		"Load client: c workers, each with its own keep-alive HTTP/1.1 connection to Envoy (one http.Transport limited to one connection per worker), each sending its next request when the previous answer has been read; new connections per cell, opened in the warm-up. A Go client rather than wrk because every first-time confirm needs its own body (a distinct fingerprint) and every answer is classified by its status and idemgate's headers; its cost per request is the same in every column.",
 		"Upstream: a minimal fast HTTP server (this tool with -serve upstream) answering the payments API's quote and transfer JSON as fixed bytes, rather than the demo payments API, so every column pays the same small upstream cost and the differences are Envoy's, ext_proc's and idemgate's; it counts what reaches it for the checks above.",
 		"Envoy: --concurrency 2 (the machine's cores), --disable-hot-restart, access log (the shipped stdout logger) to a file; one Envoy per ext_proc target, all started before the first cell.",

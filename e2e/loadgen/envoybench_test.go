@@ -38,7 +38,7 @@ func TestThroughEnvoyTiny(t *testing.T) {
 	// window is a second so that a column slowed by a busy machine (the
 	// io-floor's PostgreSQL writes) still completes some. At c=4
 	// (the highest, so the targets' concurrency) the attach pair gets 2
-	// rounds of its own.
+	// rounds of its own; the header-auth other-path pair does not.
 	b := newTestBench(t, "-idemgate", bin, "-scenarios", "", "-concurrency", "1,4",
 		"-envoy-rounds", "1", "-envoy-attach-rounds", "2", "-envoy-duration", "1s", "-envoy-warmup", "0s",
 		"-budget-rate", "400", "-envoy-confirm-rate", "400", "-replay-pool", "32")
@@ -77,6 +77,13 @@ func TestThroughEnvoyTiny(t *testing.T) {
 	require.GreaterOrEqual(t, i, 0)
 	require.Len(t, tab.RoundRatios[i].PerConcurrency[4], 3)
 	require.Len(t, tab.RoundRatios[i].PerConcurrency[1], 1)
+	// The attach ratio with the header-only stand-in: its rotated round only.
+	i = slices.IndexFunc(tab.RoundRatios, func(rr report.RoundRatio) bool {
+		return rr.Name == "envoy+idemgate other-path header-auth / envoy other-path header-auth"
+	})
+	require.GreaterOrEqual(t, i, 0)
+	require.Len(t, tab.RoundRatios[i].PerConcurrency[4], 1)
+	require.Len(t, tab.RoundRatios[i].PerConcurrency[1], 1)
 	// The private ext_proc channels (mutual TLS, a unix socket) are measured
 	// in the same run, beside plaintext loopback, with their ratios.
 	// So are the body-only preview (its fingerprint in the body, checked
@@ -96,6 +103,40 @@ func TestThroughEnvoyTiny(t *testing.T) {
 	keys, _, err := rdb.Scan(t.Context(), 0, "idemgate-envoybench-"+strconv.Itoa(os.Getpid())+"-*", 10000).Result()
 	require.NoError(t, err)
 	require.Empty(t, keys)
+}
+
+// TestEnvoyTableNamesEveryColumn: the table the run writes describes every
+// column (an entry missing from envoyColumnDescriptions left a column's
+// line empty in BENCHMARKS.md), lists each once, and every ratio is named
+// after, and divides, two of its columns. No services: nothing is measured.
+func TestEnvoyTableNamesEveryColumn(t *testing.T) {
+	b := newTestBench(t)
+	e := &envoyBench{b: b, results: map[string]map[int]*httpResult{}, cpu: map[string]map[int]*cpuUse{},
+		roundRates: map[string]map[int][]float64{}, table: &report.EnvoyTable{Concurrencies: b.opts.concurrencies}}
+	e.finish()
+	tab := e.table
+
+	var names []string
+	for _, col := range tab.Columns {
+		require.NotEmpty(t, strings.TrimSpace(col.Description), "column %s has no description", col.Name)
+		require.NotContains(t, names, col.Name, "column listed twice")
+		names = append(names, col.Name)
+	}
+	require.Equal(t, envoyColumns, names)
+	for col := range envoyColumnDescriptions {
+		require.Contains(t, envoyColumns, col, "a description of no column")
+	}
+	for _, col := range idemgateColumns {
+		require.Contains(t, envoyColumns, col)
+	}
+	var ratios []string
+	for _, ra := range tab.Ratios {
+		require.Contains(t, envoyColumns, ra.Num, ra.Name)
+		require.Contains(t, envoyColumns, ra.Den, ra.Name)
+		require.Equal(t, ra.Num+" / "+ra.Den, ra.Name)
+		require.NotContains(t, ratios, ra.Name, "ratio listed twice")
+		ratios = append(ratios, ra.Name)
+	}
 }
 
 // sharedRedisOrSkip needs the machine's Redis (make services), as servicesOrSkip.
