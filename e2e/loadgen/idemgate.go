@@ -67,6 +67,9 @@ type idemgateSettings struct {
 	// PreviewBodyOnly sets preview.fingerprint_header: false on the
 	// transfer operation (3 ext_proc messages per preview).
 	PreviewBodyOnly bool
+	// NoTerminalCache sets limits.terminal_cache_bytes: 0, so every replay
+	// reads the store.
+	NoTerminalCache bool
 }
 
 // The operations (HTTP and MCP) and limits mirror envoy/idemgate.yaml; the store is the
@@ -103,7 +106,7 @@ store:
     dsn: "{{.PostgresDSN}}"
 {{- end}}
 ttl: {fingerprint: 15m, in_flight: 2m, terminal: 72h}
-limits: {max_body_bytes: 1048576, max_json_depth: 32}
+limits: {max_body_bytes: 1048576, max_json_depth: 32{{if .NoTerminalCache}}, terminal_cache_bytes: 0{{end}}}
 messages: {language: en}
 drain: {period: 0s, timeout: 2s}
 operations:
