@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 )
 
@@ -19,27 +21,76 @@ func cpuSeconds(pid int) (float64, error) {
 	if pid != 0 {
 		path = fmt.Sprintf("/proc/%d/stat", pid)
 	}
+	st, err := readStat(path)
+	if err != nil {
+		return 0, err
+	}
+	return float64(st.utime+st.stime) / clockTicks, nil
+}
+
+// procStat is what the CPU split reads of /proc/<pid>/stat.
+type procStat struct {
+	comm                         string
+	ppid                         int
+	utime, stime, cutime, cstime uint64
+}
+
+func readStat(path string) (procStat, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return 0, fmt.Errorf("failed to read %s: %w", path, err)
+		return procStat{}, fmt.Errorf("failed to read %s: %w", path, err)
 	}
 	// The command name (field 2) may hold spaces; the fields after its
-	// closing parenthesis are fixed: state is field 3, utime 14, stime 15.
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("unexpected %s", path)
+	// closing parenthesis are fixed: state is field 3, ppid 4, utime 14,
+	// stime 15, cutime 16, cstime 17.
+	open, end := bytes.IndexByte(data, '('), bytes.LastIndexByte(data, ')')
+	if open < 0 || end < open {
+		return procStat{}, fmt.Errorf("unexpected %s", path)
 	}
-	f := bytes.Fields(data[i+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("unexpected %s", path)
+	f := bytes.Fields(data[end+1:])
+	if len(f) < 15 {
+		return procStat{}, fmt.Errorf("unexpected %s", path)
+	}
+	var n [5]uint64
+	for i, idx := range []int{1, 11, 12, 13, 14} {
+		if n[i], err = strconv.ParseUint(string(f[idx]), 10, 64); err != nil {
+			return procStat{}, fmt.Errorf("unexpected %s: %w", path, err)
+		}
+	}
+	return procStat{comm: string(data[open+1 : end]), ppid: int(n[0]), utime: n[1], stime: n[2], cutime: n[3], cstime: n[4]}, nil
+}
+
+// postgresCPUSeconds is the CPU time the whole PostgreSQL server has used:
+// every live postgres process (the postmaster, its backends and helpers)
+// plus what the postmaster's exited children used (its cutime and cstime),
+// so a backend that exits between two readings is not lost. Like Redis's
+// INFO cpu, it includes whatever else uses the server meanwhile.
+func postgresCPUSeconds() (float64, error) {
+	paths, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		return 0, err
 	}
 	var ticks uint64
-	for _, s := range f[11:13] {
-		n, err := strconv.ParseUint(string(s), 10, 64)
+	found := false
+	for _, p := range paths {
+		st, err := readStat(p)
 		if err != nil {
-			return 0, fmt.Errorf("unexpected %s: %w", path, err)
+			if errors.Is(err, os.ErrNotExist) {
+				continue // exited meanwhile
+			}
+			return 0, err
 		}
-		ticks += n
+		if st.comm != "postgres" {
+			continue
+		}
+		found = true
+		ticks += st.utime + st.stime
+		if parent, err := readStat(fmt.Sprintf("/proc/%d/stat", st.ppid)); err != nil || parent.comm != "postgres" {
+			ticks += st.cutime + st.cstime // the postmaster
+		}
+	}
+	if !found {
+		return 0, errors.New("no postgres process found for the CPU split")
 	}
 	return float64(ticks) / clockTicks, nil
 }

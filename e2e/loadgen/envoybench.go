@@ -161,14 +161,17 @@ type envoyBench struct {
 	roundRates map[string]map[int][]float64
 }
 
+// cpuRoleCount is len(cpuRoles).
+const cpuRoleCount = 6
+
 // cpuRoles name the processes of a cell whose CPU is measured.
-var cpuRoles = []string{"Envoy", "ext_proc server", "upstream", "load client", "Redis (whole server)"}
+var cpuRoles = [cpuRoleCount]string{"Envoy", "ext_proc server", "upstream", "load client", "Redis (whole server)", "PostgreSQL (whole server)"}
 
 // cpuUse is the CPU time each role used over a column's cells (warm-up
 // included) and the requests those cells completed.
 type cpuUse struct {
 	requests uint64
-	seconds  [5]float64
+	seconds  [cpuRoleCount]float64
 }
 
 // runEnvoy measures the through-Envoy table and attaches it to the report.
@@ -679,10 +682,11 @@ func (e *envoyBench) measureCell(ctx context.Context, column string, c, round in
 
 // cpuNow reads the CPU time of each role's process (pid 0 for the ext_proc
 // server means none: column (a); for the load client it is this process),
-// and the shared Redis's own total (INFO cpu), which includes whatever else
-// uses that server meanwhile.
-func (e *envoyBench) cpuNow(ctx context.Context, pids [4]int) ([5]float64, error) {
-	var out [5]float64
+// and the shared Redis's and PostgreSQL's own totals (INFO cpu; every
+// postgres process), which include whatever else uses those servers
+// meanwhile.
+func (e *envoyBench) cpuNow(ctx context.Context, pids [4]int) ([cpuRoleCount]float64, error) {
+	var out [cpuRoleCount]float64
 	for i, pid := range pids {
 		if pid == 0 && i != len(pids)-1 {
 			continue
@@ -707,10 +711,13 @@ func (e *envoyBench) cpuNow(ctx context.Context, pids [4]int) ([5]float64, error
 			out[4] += f
 		}
 	}
+	if out[5], err = postgresCPUSeconds(); err != nil {
+		return out, err
+	}
 	return out, nil
 }
 
-func (e *envoyBench) addCPU(column string, c int, res *httpResult, before, after [5]float64) {
+func (e *envoyBench) addCPU(column string, c int, res *httpResult, before, after [cpuRoleCount]float64) {
 	if e.cpu[column] == nil {
 		e.cpu[column] = map[int]*cpuUse{}
 	}
@@ -790,7 +797,7 @@ func (e *envoyBench) finish() {
 		}
 	}
 	at := targetConcurrency(o.concurrencies)
-	t.CPURoles, t.CPUConcurrency, t.CPUBase = cpuRoles, at, evNoop
+	t.CPURoles, t.CPUConcurrency, t.CPUBase = cpuRoles[:], at, evNoop
 	for _, column := range envoyColumns {
 		u := e.cpu[column][at]
 		if u == nil || u.requests == 0 {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -179,4 +180,39 @@ func TestCPUSecondsGrows(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Greater(t, after, before, "the CPU time of a spinning process did not grow in 10s")
+}
+
+// TestReadStatParsesAnyCommandName: a command name may hold spaces and
+// parentheses; the fields after the last ')' are fixed.
+func TestReadStatParsesAnyCommandName(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stat")
+	line := "4242 (post gres) (x)) S 17 4242 4242 0 -1 4194304 100 0 0 0 250 75 30 12 20 0 1 0 100 0 0\n"
+	require.NoError(t, os.WriteFile(path, []byte(line), 0o600))
+	st, err := readStat(path)
+	require.NoError(t, err)
+	require.Equal(t, procStat{comm: "post gres) (x)", ppid: 17, utime: 250, stime: 75, cutime: 30, cstime: 12}, st)
+	require.NoError(t, os.WriteFile(path, []byte("4242 (short) S 1 2\n"), 0o600))
+	_, err = readStat(path)
+	require.Error(t, err)
+}
+
+// TestPostgresCPUSecondsGrows: the whole PostgreSQL server's CPU time, read
+// from /proc, grows while a backend works (the machine's PostgreSQL of make
+// services).
+func TestPostgresCPUSecondsGrows(t *testing.T) {
+	servicesOrSkip(t)
+	before, err := postgresCPUSeconds()
+	require.NoError(t, err)
+	require.Positive(t, before)
+	pool, err := pgxpool.New(t.Context(), defaultAdminDSN())
+	require.NoError(t, err)
+	defer pool.Close()
+	after := before
+	for deadline := time.Now().Add(20 * time.Second); after <= before && time.Now().Before(deadline); {
+		_, err := pool.Exec(t.Context(), "SELECT count(*) FROM generate_series(1, 300000)")
+		require.NoError(t, err)
+		after, err = postgresCPUSeconds()
+		require.NoError(t, err)
+	}
+	require.Greater(t, after, before, "PostgreSQL's CPU time did not grow while a backend counted 300000 rows")
 }

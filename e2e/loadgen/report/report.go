@@ -299,7 +299,7 @@ func (e *EnvoyTable) writeMarkdown(b *strings.Builder) {
 		if hasBase {
 			fmt.Fprintf(b, "\nThe last column is the rate ratio to %s that CPU alone predicts when the cores are the bottleneck: it does not move with what else runs on the machine as much as the measured ratios do.\n", e.CPUBase)
 		}
-		b.WriteString("\nRedis is the shared server's whole CPU (INFO cpu) during the cells, so it includes other work on that server; PostgreSQL's backends are not in the table, so the confirm and I/O floor totals are lower bounds. CPU time is counted in 10 ms ticks. A process's cost per request rises when its rate falls (fewer events per wake-up), so the predicted ratio is meaningful between columns of similar rates (the no-op, preview and replay columns), not for the store columns.\n")
+		b.WriteString("\nRedis and PostgreSQL are the shared servers' whole CPU during the cells (Redis's INFO cpu; every postgres process plus the exited backends the postmaster reaped), so they include other work on those servers. CPU time is counted in 10 ms ticks. A process's cost per request rises when its rate falls (fewer events per wake-up), so the predicted ratio is meaningful between columns of similar rates (the no-op, preview and replay columns), not for the store columns.\n")
 	}
 	if len(e.Columns) > 0 {
 		b.WriteString("\n### Columns\n\n")
