@@ -5,7 +5,9 @@
 //	                  infrastructure) on k8s/envoy-gateway, with the pinned
 //	                  Envoy, idemgate on the tiered store serving the
 //	                  shipped unix socket (the proxy pods' sidecar) and the
-//	                  demo payments API
+//	                  demo payments API; then idemgate with a body-only
+//	                  preview, signed from the response.code attribute the
+//	                  policy asks for
 //	istio/            Istio's own config generator on k8s/istio (a separate
 //	                  Go module, so the product's go.mod stays small); the
 //	                  idemgate filter it generates runs in the pinned Envoy
