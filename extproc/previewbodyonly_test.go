@@ -4,7 +4,9 @@ import (
 	"strings"
 	"testing"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/idemgate/idemgate/internal/extprocdriver"
 )
@@ -82,4 +84,49 @@ func TestPreviewBodyOnlySignsOnlyA2xxItCanSee(t *testing.T) {
 	require.Equal(t, "quote: 0.50", string(res.body))
 	require.NotContains(t, res.headers, "idempotency-fingerprint")
 	require.Equal(t, 1.0, metricValue(t, e.metrics.decisions.WithLabelValues("transfer", "preview", "unsigned_not_json")))
+}
+
+// An attachment whose filter lacks response_attributes: [response.code]
+// fails closed: the body-only preview costs its 3 messages and reaches the
+// agent unsigned (no fingerprint in the body, no header), so no confirm can
+// follow: the agent holds no fingerprint, and a confirm without one is
+// refused before payments.
+func TestPreviewBodyOnlyWithoutResponseCodeSignsNothing(t *testing.T) {
+	e := bodyOnlyEnv(t)
+	d := fakeDialer{srv: e.srv}
+	res := doWith(t, testFilter, d, post("/v1/transfers/preview", "alice", transferBody(`7`, "EUR", "DE89", "")), previewOK)
+	require.Nil(t, res.immediate)
+	require.Equal(t, 200, res.status)
+	require.Equal(t, 3, res.replies, "the response headers are still skipped")
+	require.NotContains(t, res.headers, "idempotency-fingerprint")
+	require.NotContains(t, res.json(t), "fingerprint")
+	require.NotContains(t, res.json(t), "fingerprint_expires_at")
+	require.Equal(t, 1.0, metricValue(t, e.metrics.decisions.WithLabelValues("transfer", "preview", "status_unknown")))
+	require.Zero(t, metricValue(t, e.metrics.decisions.WithLabelValues("transfer", "preview", "signed")))
+
+	p := newPayments()
+	requireEnvelope(t, do(t, d, post("/v1/transfers/confirm", "alice", transferBody(`7`, "EUR", "DE89", "")), p.handle), 400, "fingerprint_required", false)
+	require.Zero(t, p.Executions())
+}
+
+// Only a whole HTTP status under ext_proc's namespace counts as
+// response.code; anything else reads as missing (0), and the preview is
+// not signed.
+func TestResponseCodeAttribute(t *testing.T) {
+	req := func(ns string, v *structpb.Value) *extprocv3.ProcessingRequest {
+		return &extprocv3.ProcessingRequest{Attributes: map[string]*structpb.Struct{ns: {Fields: map[string]*structpb.Value{"response.code": v}}}}
+	}
+	require.Equal(t, 200, responseCodeAttribute(req("envoy.filters.http.ext_proc", structpb.NewNumberValue(200))))
+	require.Equal(t, 503, responseCodeAttribute(req("envoy.filters.http.ext_proc", structpb.NewNumberValue(503))))
+	for name, r := range map[string]*extprocv3.ProcessingRequest{
+		"no attributes":     {},
+		"another namespace": req("envoy.filters.http.other", structpb.NewNumberValue(200)),
+		"a string":          req("envoy.filters.http.ext_proc", structpb.NewStringValue("200")),
+		"a fraction":        req("envoy.filters.http.ext_proc", structpb.NewNumberValue(200.5)),
+		"below 100":         req("envoy.filters.http.ext_proc", structpb.NewNumberValue(99)),
+		"above 599":         req("envoy.filters.http.ext_proc", structpb.NewNumberValue(600)),
+		"null":              req("envoy.filters.http.ext_proc", structpb.NewNullValue()),
+	} {
+		require.Zero(t, responseCodeAttribute(r), name)
+	}
 }

@@ -292,6 +292,7 @@ func egExtProcFilter(ep *egv1a1.ExtProc, cluster string) (*extprocv3.ExternalPro
 			if trailers {
 				pm.RequestTrailerMode = extprocv3.ProcessingMode_SEND
 			}
+			out.RequestAttributes = slices.Clone(r.Attributes)
 		}
 		if r := mode.Response; r != nil {
 			pm.ResponseHeaderMode = extprocv3.ProcessingMode_SEND
@@ -300,6 +301,7 @@ func egExtProcFilter(ep *egv1a1.ExtProc, cluster string) (*extprocv3.ExternalPro
 			if trailers {
 				pm.ResponseTrailerMode = extprocv3.ProcessingMode_SEND
 			}
+			out.ResponseAttributes = slices.Clone(r.Attributes)
 		}
 		out.AllowModeOverride = mode.AllowModeOverride
 	}
@@ -413,6 +415,15 @@ func checkEGExtProc(m *egManifests) error {
 	}
 	if filter.GetAllowModeOverride() != want.GetAllowModeOverride() || filter.GetFailureModeAllow() != want.GetFailureModeAllow() {
 		errs = append(errs, errors.New("allowModeOverride / failOpen differ from envoy/ext_proc-filter.yaml"))
+	}
+	// What `idemgate envoy-config` writes for a preview with
+	// fingerprint_header: false, always: the mode is then idemgate.yaml's
+	// switch alone. Without it such a preview is never signed.
+	if got := filter.GetResponseAttributes(); !slices.Equal(got, []string{"response.code"}) {
+		errs = append(errs, fmt.Errorf("processingMode.response.attributes is %v, want [response.code] (a preview with fingerprint_header: false reads its status from it)", got))
+	}
+	if got := filter.GetRequestAttributes(); len(got) > 0 {
+		errs = append(errs, fmt.Errorf("processingMode.request.attributes is %v: idemgate reads none", got))
 	}
 	if ep.StatusOnError != nil && *ep.StatusOnError < 500 {
 		errs = append(errs, fmt.Errorf("statusOnError %d tells the agent its request was wrong when idemgate was unreachable", *ep.StatusOnError))
@@ -1020,6 +1031,11 @@ func TestEnvoyGatewayChecksCatchMutations(t *testing.T) {
 		{"no response processing", checkEGExtProc, func(m *egManifests) { ext(m).ProcessingMode.Response = nil }},
 		{"request body not sent", checkEGExtProc, func(m *egManifests) { ext(m).ProcessingMode.Request.Body = nil }},
 		{"no mode override", checkEGExtProc, func(m *egManifests) { ext(m).ProcessingMode.AllowModeOverride = false }},
+		{"no response.code attribute", checkEGExtProc, func(m *egManifests) { ext(m).ProcessingMode.Response.Attributes = nil }},
+		{"response attributes in the request", checkEGExtProc, func(m *egManifests) {
+			ext(m).ProcessingMode.Request.Attributes = ext(m).ProcessingMode.Response.Attributes
+			ext(m).ProcessingMode.Response.Attributes = nil
+		}},
 		{"Envoy's 200ms message timeout", checkEGExtProc, func(m *egManifests) { ext(m).MessageTimeout = nil }},
 		{"message timeout below 4 x store.timeout", checkEGExtProc, func(m *egManifests) { ext(m).MessageTimeout = new(gwapiv1.Duration("500ms")) }},
 		{"backend is a Service on the network", checkEGExtProcBackend, func(m *egManifests) {

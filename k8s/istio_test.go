@@ -8,6 +8,7 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -177,14 +178,31 @@ func TestIstioEnvoyFilter(t *testing.T) {
 			}
 		}
 	})
+	t.Run("ext_proc asks for response.code (a body-only preview's status)", func(t *testing.T) {
+		unpacked, err := envoytest.UnpackFilters([]*hcmv3.HttpFilter{patches.extProc})
+		require.NoError(t, err)
+		ep, ok := unpacked[0].Config.(*extprocv3.ExternalProcessor)
+		require.True(t, ok, "the idemgate filter does not wrap ext_proc")
+		require.Equal(t, []string{"response.code"}, ep.GetResponseAttributes())
+		require.Empty(t, ep.GetRequestAttributes())
+	})
 	t.Run("the filters and the cluster are `idemgate envoy-config`'s for the config beside them", func(t *testing.T) {
 		// One shape: the EnvoyFilter inserts exactly the pieces' filters
-		// and cluster, generated from the overlay's idemgate.yaml.
-		p := renderPieces(t, objs, inboundCluster(uint32(appPort)))
+		// and cluster, generated from the overlay's idemgate.yaml with its
+		// previews' fingerprint_header: false. That switch only adds
+		// response_attributes: [response.code] to the ext_proc filter, which
+		// the EnvoyFilter always carries so that the mode can be switched on
+		// in idemgate.yaml alone.
+		raw, _ := idemgateConfig(t, objs)
+		p := renderPiecesOf(t, withBodyOnlyPreviews(t, raw), inboundCluster(uint32(appPort)))
+		plain := renderPieces(t, objs, inboundCluster(uint32(appPort)))
 		require.Len(t, p.FiltersBeforeAuthentication, 1)
 		require.True(t, proto.Equal(p.FiltersBeforeAuthentication[0], patches.stripSubject), "subject strip differs from the pieces'")
 		require.Len(t, p.Filters, 1)
-		require.True(t, proto.Equal(p.Filters[0], patches.extProc), "idemgate filter differs from the pieces'")
+		require.True(t, proto.Equal(p.Filters[0], patches.extProc), "idemgate filter differs from the pieces' for the config with a body-only preview")
+		require.False(t, proto.Equal(plain.Filters[0], patches.extProc), "the pieces for the config as shipped ask for no attribute: the EnvoyFilter does")
+		require.True(t, proto.Equal(plain.Clusters[0], p.Clusters[0]) && len(plain.Routes) == len(p.Routes) &&
+			proto.Equal(plain.LocalReplyConfig, p.LocalReplyConfig), "fingerprint_header changes only the ext_proc filter")
 		require.True(t, proto.Equal(p.Clusters[0], patches.cluster), "idemgate cluster differs from the pieces'")
 		require.Len(t, patches.insertedRoutes, len(p.Routes))
 		for i, r := range p.Routes {

@@ -610,8 +610,14 @@ func TestIstioOverlayPod(t *testing.T) {
 // objs, with the operation routes sent to upstreamCluster.
 func renderPieces(t *testing.T, objs []object, upstreamCluster string) *envoytest.Pieces {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "idemgate.yaml")
 	raw, _ := idemgateConfig(t, objs)
+	return renderPiecesOf(t, raw, upstreamCluster)
+}
+
+// renderPiecesOf is `idemgate envoy-config` for the idemgate.yaml raw.
+func renderPiecesOf(t *testing.T, raw []byte, upstreamCluster string) *envoytest.Pieces {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "idemgate.yaml")
 	require.NoError(t, os.WriteFile(path, raw, 0o600))
 	s, _, err := settings.Load(path, config.Options{Offline: true})
 	require.NoError(t, err)
@@ -620,4 +626,25 @@ func renderPieces(t *testing.T, objs []object, upstreamCluster string) *envoytes
 	p, err := envoytest.DecodePieces(out)
 	require.NoError(t, err)
 	return p
+}
+
+// withBodyOnlyPreviews is the idemgate.yaml raw with every preview's
+// fingerprint_header: false (docs/configuration.md): the config whose
+// pieces ask Envoy for the response.code attribute.
+func withBodyOnlyPreviews(t *testing.T, raw []byte) []byte {
+	t.Helper()
+	var cfg map[string]any
+	require.NoError(t, yaml.Unmarshal(raw, &cfg))
+	ops, _ := cfg["operations"].([]any)
+	n := 0
+	for _, op := range ops {
+		if p, ok := op.(map[string]any)["preview"].(map[string]any); ok {
+			p["fingerprint_header"] = false
+			n++
+		}
+	}
+	require.NotZero(t, n, "the config has no preview route")
+	out, err := yaml.Marshal(cfg)
+	require.NoError(t, err)
+	return out
 }

@@ -5,8 +5,10 @@
 #   envoy-gateway     Envoy Gateway standalone + the pinned Envoy + idemgate
 #                     (tiered store, on the shipped unix socket: the ext_proc
 #                     cluster is a pipe) + the demo payments API k8s/mesh/envoygateway
-#   istio             Istio's config generator (own Go module) k8s/mesh/istio
-#                     and `istioctl analyze --use-kube=false`
+#   istio             Istio's config generator (own Go module) k8s/mesh/istio,
+#                     its idemgate filter in the pinned Envoy with idemgate
+#                     (memory store, a body-only preview), and
+#                     `istioctl analyze --use-kube=false`
 #   kubectl-validate  every rendered manifest, Kubernetes 1.35 k8s/mesh/kubectlvalidate
 # Each judge's name is printed with its result and time; a judge that skips
 # a test fails. Needs ENVOY_BIN (the Makefile passes the pinned Envoy) and the

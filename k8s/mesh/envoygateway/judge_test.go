@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -69,7 +71,7 @@ func TestEnvoyGatewayRunsTheShippedFiles(t *testing.T) {
 	if !ok {
 		t.Fatalf("the shipped idemgate.yaml listens on %q, want a unix socket (the proxy pods' sidecar)", listen)
 	}
-	ig := startIdemgate(t, cfg)
+	ig := startIdemgate(t, cfg, "")
 
 	gatewayPort := testutil.FreePort(t)
 	home := t.TempDir()
@@ -106,6 +108,15 @@ func TestEnvoyGatewayRunsTheShippedFiles(t *testing.T) {
 	// listener for gRPC), so the streams below went through it.
 	t.Run("the ext_proc cluster is idemgate's unix socket", func(t *testing.T) {
 		if err := extProcClusterOnPipe(adminFile, ig.socket); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	// What `idemgate envoy-config` writes for a preview with
+	// fingerprint_header: false, translated by Envoy Gateway from the
+	// policy's processingMode.response.attributes.
+	t.Run("the ext_proc filter asks for response.code", func(t *testing.T) {
+		if err := extProcResponseAttributes(adminFile, []string{"response.code"}); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -252,6 +263,121 @@ func TestEnvoyGatewayRunsTheShippedFiles(t *testing.T) {
 			t.Fatalf("an unguarded path answered %s with idemgate down, want payments' own 404", other)
 		}
 	})
+
+	// preview.fingerprint_header: false, switched on in idemgate.yaml alone
+	// (the shipped file keeps the default): an idemgate with that config
+	// takes the socket of the one stopped above. Its preview skips the
+	// response headers and reads the upstream's status from the response.code
+	// attribute the policy asks for, so a fingerprint in the body and a
+	// confirm with it show that the attribute arrives through Envoy Gateway.
+	t.Run("a body-only preview is signed from response.code and confirms", func(t *testing.T) {
+		ig.kill() // stopped above; never two on one socket
+		bodyOnly := idemgateConfigOf(t, objs)
+		bodyOnlyPreviews(t, bodyOnly)
+		bodyOnlyIG := startIdemgate(t, bodyOnly, ig.socket)
+		var fp string
+		// Until Envoy's health check finds idemgate back.
+		waitFor(t, time.Minute, eg, func() error {
+			var err error
+			fp, err = alice.bodyOnlyPreview(transfer("6.00"))
+			return err
+		})
+		before := pay.Executions()
+		confirm := with(transfer("6.00"), "fingerprint", fp)
+		if r := alice.must(t, "/v1/transfers/confirm", confirm, http.StatusOK); r.header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("the first confirm is marked replayed: %s", r)
+		}
+		if r := alice.must(t, "/v1/transfers/confirm", confirm, http.StatusOK); r.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("the second confirm is not a replay: %s", r)
+		}
+		if got := pay.Executions() - before; got != 1 {
+			t.Fatalf("payments executed %d transfers, want 1", got)
+		}
+
+		// Without the attribute in the policy the same preview fails closed:
+		// it passes unsigned, so no confirm can follow. Put back, it is
+		// signed again. The attribute is in the listener's ext_proc filter:
+		// Envoy replaces the listener and lets connections to the old one
+		// drain, so each try opens a new connection.
+		meshtest.WriteYAML(t, resourcesFile, withoutResponseAttributes(t, resources))
+		waitFor(t, 2*time.Minute, eg, func() error {
+			if err := extProcResponseAttributes(adminFile, nil); err != nil {
+				return err
+			}
+			c.http.CloseIdleConnections()
+			r, err := c.post("/v1/transfers/preview", alice.token, transfer("6.00"), nil)
+			if err != nil {
+				return err
+			}
+			if r.status != http.StatusOK || r.field("fingerprint") != "" || r.header.Get("Idempotency-Fingerprint") != "" {
+				return fmt.Errorf("without response.code the body-only preview answered %s, want the quote unsigned", r)
+			}
+			t.Logf("without the attribute the body-only preview passes unsigned, as it must: %s", r)
+			return nil
+		})
+		waitFor(t, 10*time.Second, bodyOnlyIG.logged, func() error {
+			if !strings.Contains(bodyOnlyIG.out.String(), "the response.code attribute is missing") {
+				return errors.New("idemgate did not log the missing response.code attribute")
+			}
+			return nil
+		})
+		meshtest.WriteYAML(t, resourcesFile, resources)
+		waitFor(t, 2*time.Minute, eg, func() error {
+			if err := extProcResponseAttributes(adminFile, []string{"response.code"}); err != nil {
+				return err
+			}
+			c.http.CloseIdleConnections()
+			_, err := alice.bodyOnlyPreview(transfer("6.00"))
+			return err
+		})
+	})
+}
+
+// bodyOnlyPreviews sets fingerprint_header: false on every preview route
+// of the idemgate config cfg.
+func bodyOnlyPreviews(t *testing.T, cfg map[string]any) {
+	t.Helper()
+	n := 0
+	for _, op := range asList(cfg["operations"]) {
+		if p, ok := meshtest.Path(op, "preview").(map[string]any); ok {
+			p["fingerprint_header"] = false
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatal("the shipped idemgate.yaml has no preview route")
+	}
+}
+
+// withoutResponseAttributes is a copy of the standalone resources whose
+// EnvoyExtensionPolicy asks for no response attribute.
+func withoutResponseAttributes(t *testing.T, resources []meshtest.Object) []meshtest.Object {
+	t.Helper()
+	var out []meshtest.Object
+	dropped := 0
+	for _, o := range resources {
+		b, err := yaml.Marshal(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c meshtest.Object
+		if err := yaml.Unmarshal(b, &c); err != nil {
+			t.Fatal(err)
+		}
+		if meshtest.Kind(c) == extensionPolicyKind {
+			for _, ext := range asList(meshtest.Path(c, "spec", "extProc")) {
+				if r, ok := meshtest.Path(ext, "processingMode", "response").(map[string]any); ok && r["attributes"] != nil {
+					delete(r, "attributes")
+					dropped++
+				}
+			}
+		}
+		out = append(out, c)
+	}
+	if dropped == 0 {
+		t.Fatal("the shipped EnvoyExtensionPolicy asks for no response attribute to drop")
+	}
+	return out
 }
 
 // confirmNeedsFingerprint is the judge's core check: a confirm that carries
@@ -395,6 +521,23 @@ func (a *agent) preview(t *testing.T, body map[string]any) string {
 		t.Fatalf("the preview carries no fingerprint: %s", r)
 	}
 	return fp
+}
+
+// bodyOnlyPreview is a preview whose fingerprint must be in the body only
+// (preview.fingerprint_header: false); it returns the fingerprint.
+func (a *agent) bodyOnlyPreview(body map[string]any) (string, error) {
+	r, err := a.c.post("/v1/transfers/preview", a.token, body, nil)
+	if err != nil {
+		return "", err
+	}
+	fp := r.field("fingerprint")
+	switch {
+	case r.status != http.StatusOK || fp == "":
+		return "", fmt.Errorf("the body-only preview answered %s: no fingerprint in the body", r)
+	case r.header.Get("Idempotency-Fingerprint") != "":
+		return "", fmt.Errorf("the preview carries the Idempotency-Fingerprint header: it is not body-only (%s)", r)
+	}
+	return fp, nil
 }
 
 // mcp sends one tools/call (protocol 2025-11-25: no Mcp-Method headers, so
@@ -546,14 +689,18 @@ func idemgateConfigOf(t *testing.T, objs []meshtest.Object) map[string]any {
 	return nil
 }
 
-func startIdemgate(t *testing.T, cfg map[string]any) *idemgate {
+// startIdemgate serves cfg, changed by idemgateConfigOf's rule, with gRPC
+// on the unix socket at socket ("": a new one in a test directory).
+func startIdemgate(t *testing.T, cfg map[string]any, socket string) *idemgate {
 	t.Helper()
 	dir := t.TempDir()
 	redis := testutil.StartRedis(t)
 	dsn := testutil.CreateDatabase(t)
 	// As in the proxy pod: gRPC on a unix socket only (here in a test
 	// directory: the pod's emptyDir path does not exist on this machine).
-	socket := filepath.Join(dir, "extproc.sock")
+	if socket == "" {
+		socket = filepath.Join(dir, "extproc.sock")
+	}
 	admin := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	key := make([]byte, 32)
 	for i := range key {
@@ -588,13 +735,7 @@ func startIdemgate(t *testing.T, cfg map[string]any) *idemgate {
 	if err := os.WriteFile(path, out, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(dir, "idemgate")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	if msg, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/idemgate/idemgate/cmd/idemgate").CombinedOutput(); err != nil {
-		t.Fatalf("go build cmd/idemgate: %v\n%s", err, msg)
-	}
-	cmd := exec.Command(bin, "serve", "--config", path)
+	cmd := exec.Command(idemgateBinary(t), "serve", "--config", path)
 	postgresEnv, _ := meshtest.Path(cfg, "store", "postgres", "dsn_env").(string)
 	cmd.Env = append(os.Environ(), postgresEnv+"="+dsn)
 	g := &idemgate{logged: start(t, "idemgate", cmd), socket: socket}
@@ -610,6 +751,102 @@ func startIdemgate(t *testing.T, cfg map[string]any) *idemgate {
 		return nil
 	})
 	return g
+}
+
+// idemgateBuild is cmd/idemgate, built once per test binary.
+var idemgateBuild struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+func idemgateBinary(t *testing.T) string {
+	t.Helper()
+	idemgateBuild.once.Do(func() {
+		dir, err := os.MkdirTemp("", "idemgate-judge-")
+		if err != nil {
+			idemgateBuild.err = err
+			return
+		}
+		// The first caller is the judge itself, which outlives its subtests.
+		t.Cleanup(func() { _ = os.RemoveAll(dir) })
+		bin := filepath.Join(dir, "idemgate")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		if msg, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/idemgate/idemgate/cmd/idemgate").CombinedOutput(); err != nil {
+			idemgateBuild.err = fmt.Errorf("go build cmd/idemgate: %w\n%s", err, msg)
+			return
+		}
+		idemgateBuild.path = bin
+	})
+	if idemgateBuild.err != nil {
+		t.Fatal(idemgateBuild.err)
+	}
+	return idemgateBuild.path
+}
+
+// extProcResponseAttributes reads the active listeners of the Envoy that
+// Envoy Gateway runs (its admin address is in adminFile; a listener Envoy
+// replaced drains beside them for a while) and checks that they hold
+// exactly one ext_proc filter and that the filter's response_attributes
+// are want.
+func extProcResponseAttributes(adminFile string, want []string) error {
+	admin, err := os.ReadFile(adminFile)
+	if err != nil {
+		return fmt.Errorf("Envoy's admin address: %w", err)
+	}
+	resp, err := http.Get("http://" + strings.TrimSpace(string(admin)) + "/config_dump?resource=dynamic_listeners")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("config_dump answered %d: %s", resp.StatusCode, body)
+	}
+	var dump struct {
+		Configs []struct {
+			ActiveState any `json:"active_state"`
+		} `json:"configs"`
+	}
+	if err := json.Unmarshal(body, &dump); err != nil {
+		return fmt.Errorf("config_dump: %w", err)
+	}
+	const extProcType = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+	var found [][]string
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if v["@type"] == extProcType {
+				var attrs []string
+				for _, a := range asList(v["response_attributes"]) {
+					attrs = append(attrs, fmt.Sprint(a))
+				}
+				found = append(found, attrs)
+			}
+			for _, e := range v {
+				walk(e)
+			}
+		case []any:
+			for _, e := range v {
+				walk(e)
+			}
+		}
+	}
+	for _, l := range dump.Configs {
+		walk(l.ActiveState)
+	}
+	if len(found) != 1 {
+		return fmt.Errorf("want one ext_proc filter in Envoy's active listeners, found %d", len(found))
+	}
+	if !slices.Equal(found[0], want) {
+		return fmt.Errorf("the ext_proc filter Envoy runs has response_attributes %v, want %v", found[0], want)
+	}
+	return nil
 }
 
 // extProcClusterOnPipe reads the endpoints of the Envoy that Envoy Gateway

@@ -1,8 +1,10 @@
 // Package istio is the Istio judge of `make test-mesh`: Istio's own config
 // generator (pilot's ConfigGenTest, as pilot's sidecar simulation tests use
 // it) builds the payments pod's sidecar from the shipped k8s/istio files, and
-// the test reads what Envoy would receive. It is a separate Go module so that
-// the product's go.mod does not carry istio.io/istio.
+// the test reads what Envoy would receive; the pinned Envoy then validates it
+// and runs its idemgate filter in front of idemgate (run_test.go). It is a
+// separate Go module so that the product's go.mod does not carry
+// istio.io/istio.
 package istio
 
 import (
@@ -31,6 +33,7 @@ import (
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"sigs.k8s.io/yaml"
 
@@ -45,9 +48,10 @@ import (
 
 // podIP is the payments-api pod's address in the simulation.
 const (
-	filterName = "idemgate"
-	routerName = "envoy.filters.http.router"
-	podIP      = "10.0.0.7"
+	filterName   = "idemgate"
+	routerName   = "envoy.filters.http.router"
+	podIP        = "10.0.0.7"
+	responseCode = "response.code"
 )
 
 type object = map[string]any
@@ -74,6 +78,7 @@ func TestIstioJudgeFails(t *testing.T) {
 				return get(p, "patch", "value", "name") == filterName && get(p, "applyTo") == "HTTP_FILTER"
 			})
 		}, "no " + filterName},
+		{"without response_attributes", dropResponseAttributes, "asks for response attributes []"},
 		{"without the /mcp route", func(t *testing.T, ef object) {
 			dropPatch(t, ef, func(p object) bool { return get(p, "patch", "value", "name") == "transfer_mcp" })
 		}, "operation path /mcp takes route default"},
@@ -216,6 +221,8 @@ spec:
 //     every near-miss spelling (which it refuses), and not for other paths
 //     (Istio's simulation does the route matching; the matcher is evaluated
 //     here as Envoy evaluates it);
+//   - the ext_proc filter asks for the response.code attribute, which a
+//     preview with fingerprint_header: false reads its status from;
 //   - the idemgate cluster exists.
 func checkSidecar(sim *simulation.Simulation, paths []string) error {
 	var errs []error
@@ -233,6 +240,8 @@ func checkSidecar(sim *simulation.Simulation, paths []string) error {
 				errs = append(errs, fmt.Errorf("%s: %w", filterName, err))
 			} else if ep.GetFailureModeAllow() || ep.GetGrpcService().GetEnvoyGrpc().GetClusterName() != "idemgate" {
 				errs = append(errs, fmt.Errorf("%s does not fail closed to cluster idemgate: %v", filterName, ep))
+			} else if !slices.Equal(ep.GetResponseAttributes(), []string{responseCode}) {
+				errs = append(errs, fmt.Errorf("%s asks for response attributes %v, want [%s]: a preview with fingerprint_header: false would never be signed", filterName, ep.GetResponseAttributes(), responseCode))
 			}
 		}
 	}
@@ -557,6 +566,28 @@ func containerPort(t *testing.T, deploy object, name string) int {
 	return 0
 }
 
+// dropResponseAttributes removes response_attributes from the ext_proc
+// filter the EnvoyFilter ef inserts.
+func dropResponseAttributes(t *testing.T, ef object) {
+	t.Helper()
+	n := 0
+	for _, p := range list(get(ef, "spec", "configPatches")) {
+		if get(p, "patch", "value", "name") != filterName || get(p, "applyTo") != "HTTP_FILTER" {
+			continue
+		}
+		for _, m := range list(get(p, "patch", "value", "typed_config", "xds_matcher", "matcher_list", "matchers")) {
+			ep, _ := get(m, "on_match", "action", "typed_config", "typed_config", "typed_config").(object)
+			if _, ok := ep["response_attributes"]; ok {
+				delete(ep, "response_attributes")
+				n++
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("the shipped filter has no response_attributes to drop")
+	}
+}
+
 func dropPatch(t *testing.T, ef object, drop func(object) bool) {
 	t.Helper()
 	patches := list(get(ef, "spec", "configPatches"))
@@ -610,21 +641,45 @@ func jsonOf(t *testing.T, v any) string {
 // static bootstrap (one listener with that connection manager and its
 // inline routes; the clusters it names, idemgate's as generated and the
 // others as loopback placeholders, since their endpoints come from istiod's
-// EDS and SDS) and run with `envoy --mode validate`.
+// EDS and SDS) and run with `envoy --mode validate`. Then the generated
+// idemgate filter, cluster and routes run in that Envoy in front of a real
+// idemgate whose preview is body-only (fingerprint_header: false): the
+// preview is signed only if the response.code attribute the filter asks for
+// reaches idemgate.
 func TestIstioSidecarPassesEnvoyValidate(t *testing.T) {
 	envoyBin := os.Getenv("ENVOY_BIN")
 	if envoyBin == "" {
 		t.Fatal("ENVOY_BIN is unset: run the judges with `make test-mesh`, which passes the pinned Envoy")
 	}
-	sim := generate(t, render(t, filepath.Join(k8sDir(t), "istio")))
+	objs := render(t, filepath.Join(k8sDir(t), "istio"))
+	sim := generate(t, objs)
+	chain, kept, dropped := upstreamChain(t, sim, nil)
+	t.Logf("validating the inbound chain %v (Istio-only, left out: %v)", kept, dropped)
+	path := writeBootstrap(t, inboundBootstrap(t, sim, chain, loopback(0), loopback(0), nil))
+	msg, err := exec.Command(envoyBin, "--mode", "validate", "-c", path, "--disable-hot-restart", "-l", "error").CombinedOutput()
+	if err != nil {
+		t.Fatalf("envoy --mode validate refused the generated inbound chain: %v\n%s", err, msg)
+	}
+
+	t.Run("a body-only preview is signed through the generated filter", func(t *testing.T) {
+		runBodyOnlyPreview(t, envoyBin, objs, sim)
+	})
+}
+
+// upstreamChain is the inbound connection manager Istio generated without
+// the filters upstream Envoy cannot load (Istio's own types and
+// TypedStructs) and without those leave says to leave out too; its access
+// log and tracing (Istio's formatters and providers) are removed.
+func upstreamChain(t *testing.T, sim *simulation.Simulation, leave func(name string) bool) (chain *hcm.HttpConnectionManager, kept, dropped []string) {
+	t.Helper()
 	chain, err := inboundHTTPChain(sim)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var kept, dropped []string
 	var filters []*hcm.HttpFilter
 	for _, f := range chain.GetHttpFilters() {
-		if strings.Contains(f.GetTypedConfig().GetTypeUrl(), "istio") || strings.Contains(f.GetTypedConfig().GetTypeUrl(), "TypedStruct") {
+		url := f.GetTypedConfig().GetTypeUrl()
+		if strings.Contains(url, "istio") || strings.Contains(url, "TypedStruct") || leave != nil && leave(f.GetName()) {
 			dropped = append(dropped, f.GetName())
 			continue
 		}
@@ -632,13 +687,21 @@ func TestIstioSidecarPassesEnvoyValidate(t *testing.T) {
 		filters = append(filters, f)
 	}
 	chain.HttpFilters = filters
-	// Istio's access log and tracing use its own formatters and providers.
 	chain.AccessLog, chain.Tracing = nil, nil
 	if !slices.Contains(kept, filterName) {
 		t.Fatalf("%s was dropped: %v", filterName, dropped)
 	}
-	t.Logf("validating the inbound chain %v (Istio-only, left out: %v)", kept, dropped)
+	return chain, kept, dropped
+}
 
+// inboundBootstrap is a static bootstrap with one listener at listen
+// running chain, an admin at admin, and the clusters chain names. at moves
+// a cluster to an address: idemgate's keeps everything else Istio generated
+// for it (HTTP/2, health checks), the others become plain placeholders. A
+// cluster at does not move is kept as generated when it is static without
+// TLS, else a placeholder on 127.0.0.1:1.
+func inboundBootstrap(t *testing.T, sim *simulation.Simulation, chain *hcm.HttpConnectionManager, listen, admin *corev3.Address, at map[string]*corev3.Address) *bootstrap.Bootstrap {
+	t.Helper()
 	hcmAny, err := anypb.New(chain)
 	if err != nil {
 		t.Fatal(err)
@@ -647,28 +710,45 @@ func TestIstioSidecarPassesEnvoyValidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var clusters []*cluster.Cluster
-	for _, name := range referencedClusters(js) {
-		if c := xdstest.ExtractCluster(name, sim.Clusters); c != nil && c.GetTransportSocket() == nil && c.GetType() == cluster.Cluster_STATIC {
-			clusters = append(clusters, c)
-			continue
-		}
-		clusters = append(clusters, &cluster.Cluster{
+	placeholder := func(name string, addr *corev3.Address) *cluster.Cluster {
+		return &cluster.Cluster{
 			Name:                 name,
 			ClusterDiscoveryType: &cluster.Cluster_Type{Type: cluster.Cluster_STATIC},
 			LoadAssignment: &endpoint.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpoint.LocalityLbEndpoints{{
 				LbEndpoints: []*endpoint.LbEndpoint{{HostIdentifier: &endpoint.LbEndpoint_Endpoint{Endpoint: &endpoint.Endpoint{
-					Address: loopback(1),
+					Address: addr,
 				}}}},
 			}}},
-		})
+		}
 	}
-	bs := &bootstrap.Bootstrap{
-		Admin: &bootstrap.Admin{Address: loopback(0)},
+	var clusters []*cluster.Cluster
+	for _, name := range referencedClusters(js) {
+		c := xdstest.ExtractCluster(name, sim.Clusters)
+		generatedStatic := c != nil && c.GetTransportSocket() == nil && c.GetType() == cluster.Cluster_STATIC
+		addr, moved := at[name]
+		switch {
+		case moved && name == "idemgate" && generatedStatic:
+			c = proto.Clone(c).(*cluster.Cluster)
+			for _, l := range c.GetLoadAssignment().GetEndpoints() {
+				for _, e := range l.GetLbEndpoints() {
+					e.GetEndpoint().Address = addr
+				}
+			}
+			clusters = append(clusters, c)
+		case moved:
+			clusters = append(clusters, placeholder(name, addr))
+		case generatedStatic:
+			clusters = append(clusters, c)
+		default:
+			clusters = append(clusters, placeholder(name, loopback(1)))
+		}
+	}
+	return &bootstrap.Bootstrap{
+		Admin: &bootstrap.Admin{Address: admin},
 		StaticResources: &bootstrap.Bootstrap_StaticResources{
 			Listeners: []*listener.Listener{{
 				Name:    "inbound_http_8080",
-				Address: loopback(0),
+				Address: listen,
 				FilterChains: []*listener.FilterChain{{Filters: []*listener.Filter{{
 					Name:       "envoy.filters.network.http_connection_manager",
 					ConfigType: &listener.Filter_TypedConfig{TypedConfig: hcmAny},
@@ -677,6 +757,10 @@ func TestIstioSidecarPassesEnvoyValidate(t *testing.T) {
 			Clusters: clusters,
 		},
 	}
+}
+
+func writeBootstrap(t *testing.T, bs *bootstrap.Bootstrap) string {
+	t.Helper()
 	out, err := protojson.Marshal(bs)
 	if err != nil {
 		t.Fatal(err)
@@ -685,10 +769,7 @@ func TestIstioSidecarPassesEnvoyValidate(t *testing.T) {
 	if err := os.WriteFile(path, out, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	msg, err := exec.Command(envoyBin, "--mode", "validate", "-c", path, "--disable-hot-restart", "-l", "error").CombinedOutput()
-	if err != nil {
-		t.Fatalf("envoy --mode validate refused the generated inbound chain: %v\n%s", err, msg)
-	}
+	return path
 }
 
 // referencedClusters are the cluster names a connection manager's JSON
