@@ -244,6 +244,12 @@ func TestChecksCatchBrokenConfigs(t *testing.T) {
 		{"mode override off", "ext_proc fails closed, processes both bodies buffered", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
 			extProc(t, g).AllowModeOverride = false
 		}},
+		{"body-only preview without response.code", "ext_proc fails closed, processes both bodies buffered", func(t *testing.T, _ *envoytest.Gateway, c *envoytest.IdemgateConfig) {
+			// The shipped filter asks for no attribute: idemgate.yaml switching
+			// a preview to fingerprint_header: false needs envoy-config again.
+			off := false
+			c.Operations[0].Preview.FingerprintHeader = &off
+		}},
 		{"gRPC timeout set", "ext_proc fails closed, processes both bodies buffered", func(t *testing.T, g *envoytest.Gateway, _ *envoytest.IdemgateConfig) {
 			extProc(t, g).GrpcService.Timeout = durationpb.New(time.Second)
 		}},

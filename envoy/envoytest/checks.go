@@ -228,6 +228,12 @@ func CheckExtProc(ep *extprocv3.ExternalProcessor, c *IdemgateConfig) error {
 	if gs.GetTimeout() != nil {
 		errs = append(errs, errors.New("grpc_service.timeout must be unset: the stream lives for the whole request; message_timeout bounds each message"))
 	}
+	for _, op := range c.Operations {
+		if op.ReadsResponseCode() && !slices.Contains(ep.GetResponseAttributes(), "response.code") {
+			errs = append(errs, fmt.Errorf("response_attributes must include response.code: operation %s's preview has fingerprint_header: false and reads the status from it (without it every such preview goes unsigned)", op.Name))
+			break
+		}
+	}
 	if md := c.Subject.Metadata; md != nil && !slices.Contains(ep.GetMetadataOptions().GetForwardingNamespaces().GetUntyped(), md.Namespace) {
 		errs = append(errs, fmt.Errorf("metadata_options.forwarding_namespaces.untyped must include %s (subject.metadata)", md.Namespace))
 	}

@@ -82,6 +82,13 @@ type Operation struct {
 	} `json:"mcp"`
 }
 
+// ReadsResponseCode reports whether the operation's preview skips its
+// response headers (preview.fingerprint_header: false), so the ext_proc
+// filter must send response.code.
+func (o Operation) ReadsResponseCode() bool {
+	return o.MCP == nil && o.Preview.FingerprintHeader != nil && !*o.Preview.FingerprintHeader
+}
+
 // ConfirmPath is the path a confirm takes: the confirm route, or an MCP
 // operation's endpoint.
 func (o Operation) ConfirmPath() string {
@@ -104,6 +111,9 @@ func (o Operation) IdempotencyHeader() string {
 type Endpoint struct {
 	Method string `json:"method"`
 	Path   string `json:"path"`
+	// FingerprintHeader is a preview's fingerprint_header (nil: default
+	// true); false means idemgate reads the status from response.code.
+	FingerprintHeader *bool `json:"fingerprint_header"`
 }
 
 // Duration reads a Go duration string ("250ms").
