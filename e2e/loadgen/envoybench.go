@@ -276,33 +276,36 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// variant starts one more idemgate on its own settings for columns.
+	variant := func(name string, s idemgateSettings, unixSocket bool, columns ...string) (*idemgateProcess, error) {
+		p, err := startIdemgate(ctx, idemgateSpec{bin: b.bin, dir: e.dir, name: name, key: b.key, settings: s, unixSocket: unixSocket})
+		if err != nil {
+			return nil, err
+		}
+		e.children = append(e.children, p.child)
+		for _, c := range columns {
+			e.extProcPid[c] = p.pid()
+		}
+		return p, nil
+	}
 	mtls := settings
 	mtls.GRPCTLS, mtls.ClientSANs = certs, []string{benchClientSAN}
-	if e.idemMTLS, err = startIdemgate(ctx, idemgateSpec{bin: b.bin, dir: e.dir, name: "envoy-mtls", key: b.key, settings: mtls}); err != nil {
+	if e.idemMTLS, err = variant("envoy-mtls", mtls, false, evPreviewMTLS); err != nil {
 		return err
 	}
-	e.children = append(e.children, e.idemMTLS.child)
-	e.extProcPid[evPreviewMTLS] = e.idemMTLS.pid()
-	if e.idemUnix, err = startIdemgate(ctx, idemgateSpec{bin: b.bin, dir: e.dir, name: "envoy-unix", key: b.key, settings: settings, unixSocket: true}); err != nil {
+	if e.idemUnix, err = variant("envoy-unix", settings, true, evPreviewUnix); err != nil {
 		return err
 	}
-	e.children = append(e.children, e.idemUnix.child)
-	e.extProcPid[evPreviewUnix] = e.idemUnix.pid()
 	bodyOnly := settings
 	bodyOnly.PreviewBodyOnly = true
-	if e.idemBodyOnly, err = startIdemgate(ctx, idemgateSpec{bin: b.bin, dir: e.dir, name: "envoy-bodyonly", key: b.key, settings: bodyOnly}); err != nil {
+	if e.idemBodyOnly, err = variant("envoy-bodyonly", bodyOnly, false, evPreviewBodyOnly, evPreviewBodyOnlyHeaderAuth); err != nil {
 		return err
 	}
-	e.children = append(e.children, e.idemBodyOnly.child)
-	e.extProcPid[evPreviewBodyOnly] = e.idemBodyOnly.pid()
-	e.extProcPid[evPreviewBodyOnlyHeaderAuth] = e.idemBodyOnly.pid()
 	storeRead := settings
 	storeRead.NoTerminalCache = true
-	if e.idemStoreRead, err = startIdemgate(ctx, idemgateSpec{bin: b.bin, dir: e.dir, name: "envoy-storeread", key: b.key, settings: storeRead}); err != nil {
+	if e.idemStoreRead, err = variant("envoy-storeread", storeRead, false, evReplayStore); err != nil {
 		return err
 	}
-	e.children = append(e.children, e.idemStoreRead.child)
-	e.extProcPid[evReplayStore] = e.idemStoreRead.pid()
 	mtlsCluster := map[string]*tlsv3.UpstreamTlsContext{
 		envoytest.IdemgateCluster: envoytest.IdemgateUpstreamTLS(certs.ClientCert, certs.ClientKey, certs.CAFile, benchServerSAN),
 	}

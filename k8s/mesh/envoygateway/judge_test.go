@@ -791,21 +791,9 @@ func idemgateBinary(t *testing.T) string {
 // exactly one ext_proc filter and that the filter's response_attributes
 // are want.
 func extProcResponseAttributes(adminFile string, want []string) error {
-	admin, err := os.ReadFile(adminFile)
-	if err != nil {
-		return fmt.Errorf("Envoy's admin address: %w", err)
-	}
-	resp, err := http.Get("http://" + strings.TrimSpace(string(admin)) + "/config_dump?resource=dynamic_listeners")
+	body, err := configDump(adminFile, "resource=dynamic_listeners")
 	if err != nil {
 		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("config_dump answered %d: %s", resp.StatusCode, body)
 	}
 	var dump struct {
 		Configs []struct {
@@ -854,21 +842,9 @@ func extProcResponseAttributes(adminFile string, want []string) error {
 // over EDS) and checks that the one ext_proc cluster's only endpoint is a
 // pipe address at socket.
 func extProcClusterOnPipe(adminFile, socket string) error {
-	admin, err := os.ReadFile(adminFile)
-	if err != nil {
-		return fmt.Errorf("Envoy's admin address: %w", err)
-	}
-	resp, err := http.Get("http://" + strings.TrimSpace(string(admin)) + "/config_dump?resource=dynamic_endpoint_configs&include_eds")
+	body, err := configDump(adminFile, "resource=dynamic_endpoint_configs&include_eds")
 	if err != nil {
 		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("config_dump answered %d: %s", resp.StatusCode, body)
 	}
 	var dump struct {
 		Configs []struct {
@@ -921,4 +897,26 @@ func extProcClusterOnPipe(adminFile, socket string) error {
 		return fmt.Errorf("want one ext_proc cluster, Envoy has %v", extProc)
 	}
 	return nil
+}
+
+// configDump reads Envoy's /config_dump?query from the admin address Envoy
+// wrote to adminFile.
+func configDump(adminFile, query string) ([]byte, error) {
+	admin, err := os.ReadFile(adminFile)
+	if err != nil {
+		return nil, fmt.Errorf("Envoy's admin address: %w", err)
+	}
+	resp, err := http.Get("http://" + strings.TrimSpace(string(admin)) + "/config_dump?" + query)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("config_dump answered %d: %s", resp.StatusCode, body)
+	}
+	return body, nil
 }
