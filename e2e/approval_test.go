@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -37,18 +36,11 @@ func approvalStack(t *testing.T) (*stack.Stack, func(id, sub string) int) {
 		},
 		IdemgateConfig: map[string]any{"approval_listen": approvalAddr},
 	})
+	approve := approverClient(t, approvalAddr)
 	decide := func(id, sub string) int {
 		token, err := key.Mint(map[string]any{"iss": "https://idp.example", "aud": "idemgate-approvals", "sub": sub, "exp": time.Now().Add(time.Minute).Unix()})
 		require.NoError(t, err)
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+approvalAddr+"/v1/approvals/"+id+"/approve",
-			strings.NewReader(`{"reason":"payee verified by phone"}`))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+token)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		resp.Body.Close()
-		return resp.StatusCode
+		return approve(id, token)
 	}
 	return s, decide
 }

@@ -102,7 +102,7 @@ func TestLateBackgroundCompleteAfterTakeoverIsNotOwner(t *testing.T) {
 		if testing.Short() {
 			t.Skip("needs Redis and PostgreSQL")
 		}
-		backend := tieredStore(t)
+		backend := tieredStore(t, nil)
 		store := &takeoverDuringComplete{Store: backend, lease: lease,
 			endLease: func(ctx context.Context, claim state.Claim) error {
 				ans, err := backend.EndLease(ctx, claim)

@@ -138,8 +138,8 @@ func (ex *exchange) acquire(claims fingerprint.Claims, headersOnly bool) (*extpr
 func (ex *exchange) storeAcquire(claims fingerprint.Claims, owner string) (state.Answer, error) {
 	if rec, ok := ex.srv.terminals.Get(claims.Nonce, ex.srv.now()); ok &&
 		rec.Scope == ex.op.Scope && rec.SubjectTag == claims.SubjectTag && rec.ParamHash == claims.ParamHash {
-		ex.srv.metrics.terminalCache.WithLabelValues("hit").Inc()
-		return state.Answer{Outcome: terminalOutcome(rec.State), Record: rec}, nil
+		ex.srv.metrics.terminalHits.Inc()
+		return state.Answer{Outcome: state.OutcomeOf(rec.State), Record: rec}, nil
 	}
 	ttl := ex.srv.cfg.TTL
 	ctx, cancel := ex.srv.storeContext(ex.ctx)
@@ -151,20 +151,10 @@ func (ex *exchange) storeAcquire(claims fingerprint.Claims, owner string) (state
 	if mayHaveWritten(err) {
 		ex.srv.abandons.pursue(ex.ctx, state.Claim{Key: claims.Nonce, Owner: owner, Fence: 1}, ex.op.Name)
 	}
-	if err == nil && (ans.Outcome == state.OutcomeDone || ans.Outcome == state.OutcomeFailed) && ans.Record.State.Terminal() {
-		if ex.srv.terminals.Put(ans.Record, ex.srv.now()) {
-			ex.srv.metrics.terminalCache.WithLabelValues("kept").Inc()
-		}
+	if err == nil && (ans.Outcome == state.OutcomeDone || ans.Outcome == state.OutcomeFailed) && ex.srv.terminals.Put(ans.Record, ex.srv.now()) {
+		ex.srv.metrics.terminalKept.Inc()
 	}
 	return ans, err
-}
-
-// terminalOutcome is the Acquire outcome of a terminal record's state.
-func terminalOutcome(s state.RecordState) state.Outcome {
-	if s == state.Failed {
-		return state.OutcomeFailed
-	}
-	return state.OutcomeDone
 }
 
 // answer turns a store answer into the reply. attempt bounds the follow-up

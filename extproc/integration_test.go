@@ -16,7 +16,8 @@ import (
 
 // tieredStore is the production store for t: a redis-server of its own in
 // front of a PostgreSQL database created for it, closed at cleanup.
-func tieredStore(t *testing.T) *tiered.Store {
+// onFallback (may be nil) receives the store's fallback reasons.
+func tieredStore(t *testing.T, onFallback func(reason string)) *tiered.Store {
 	t.Helper()
 	rs := testutil.StartRedis(t)
 	dsn := testutil.CreateDatabase(t)
@@ -27,7 +28,7 @@ func tieredStore(t *testing.T) *tiered.Store {
 	require.NoError(t, err)
 	rd, err := redis.New(redis.Options{Addrs: []string{rs.Addr}, KeyPrefix: "idem:test:"})
 	require.NoError(t, err)
-	ts, err := tiered.New(tiered.Options{Redis: rd, Postgres: pg})
+	ts, err := tiered.New(tiered.Options{Redis: rd, Postgres: pg, OnFallback: onFallback})
 	require.NoError(t, err)
 	t.Cleanup(func() { ts.Close() })
 	require.NoError(t, ts.Ping(ctx))
@@ -48,22 +49,9 @@ func TestGRPCTieredStore(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Redis and PostgreSQL")
 	}
-	rs := testutil.StartRedis(t)
-	dsn := testutil.CreateDatabase(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, postgres.Migrate(ctx, dsn))
-	pg, err := postgres.New(ctx, postgres.Options{DSN: dsn})
-	require.NoError(t, err)
-	rd, err := redis.New(redis.Options{Addrs: []string{rs.Addr}, KeyPrefix: "idem:test:"})
-	require.NoError(t, err)
-
 	e := newEnv(t, nil, nil)
-	ts, err := tiered.New(tiered.Options{Redis: rd, Postgres: pg, OnFallback: e.metrics.Fallback})
-	require.NoError(t, err)
-	t.Cleanup(func() { ts.Close() })
+	ts := tieredStore(t, e.metrics.Fallback)
 	e.useStore(t, state.Instrument(ts, "tiered", e.metrics.StoreObserver()))
-	require.NoError(t, ts.Ping(ctx))
 
 	runSuite(t, e, e.startGRPC(t))
 

@@ -22,7 +22,10 @@ type Metrics struct {
 	panics         prometheus.Counter
 	notOwner       *prometheus.CounterVec
 	terminalCache  *prometheus.CounterVec
-	settlements    *prometheus.CounterVec
+	// terminalHits and terminalKept are terminalCache's two series,
+	// resolved once: a hit is a replay's hot path.
+	terminalHits, terminalKept prometheus.Counter
+	settlements                *prometheus.CounterVec
 	// backgroundAbandons counts claims a failed store call may have written
 	// and that were pursued in the background (see abandon.go).
 	backgroundAbandons *prometheus.CounterVec
@@ -109,6 +112,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.securityEvents.WithLabelValues(security.ReasonPeerRefused)
 	reg.MustRegister(m.decisions, m.storeLatency, m.fallbacks, m.securityEvents, m.openStreams,
 		m.panics, m.notOwner, m.terminalCache, m.settlements, m.backgroundAbandons, m.passthrough, m.webhook, m.ready, m.approvals, m.processing)
+	m.terminalHits, m.terminalKept = m.terminalCache.WithLabelValues("hit"), m.terminalCache.WithLabelValues("kept")
 	return m
 }
 

@@ -17,24 +17,18 @@ import (
 // RestartRedisMaster below is the soak's other fault.
 func PauseReplicas(ctx context.Context, tp *chaos.Topology, seed int64, gap time.Duration) (int, error) {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x5700))
-	n := 0
-	for {
-		select {
-		case <-ctx.Done():
-			return n, nil
-		case <-time.After(time.Duration(float64(gap) * (0.5 + rng.Float64()))):
-		}
+	return everyGap(ctx, rng, gap, func() (bool, error) {
 		p := tp.Pods[rng.IntN(len(tp.Pods))]
 		if err := p.Idemgate.Pause(); err != nil {
 			_ = p.Idemgate.Resume()
-			return n, err
+			return false, err
 		}
 		time.Sleep(time.Second + time.Duration(rng.Int64N(int64(2*time.Second))))
 		if err := p.Idemgate.Resume(); err != nil {
-			return n, err
+			return false, err
 		}
-		n++
-	}
+		return true, nil
+	})
 }
 
 // RestartRedisMaster kills the Redis master (SIGKILL) about every gap and
@@ -46,6 +40,30 @@ func PauseReplicas(ctx context.Context, tp *chaos.Topology, seed int64, gap time
 // depend on one. It returns how many restarts it made.
 func RestartRedisMaster(ctx context.Context, tp *chaos.Topology, seed int64, gap time.Duration) (int, error) {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x4ed1))
+	return everyGap(ctx, rng, gap, func() (bool, error) {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		addr, err := tp.MasterAddr(actx)
+		cancel()
+		if err != nil {
+			return false, nil // Sentinel busy (a failover): try at the next turn
+		}
+		restarted := false
+		for _, r := range tp.Redis {
+			if r.Addr == addr {
+				r.Kill()
+				time.Sleep(200*time.Millisecond + time.Duration(rng.Int64N(int64(400*time.Millisecond))))
+				r.Restart()
+				restarted = true
+			}
+		}
+		return restarted, nil
+	})
+}
+
+// everyGap runs fault about every gap (0.5 to 1.5 gaps apart) until ctx
+// ends or fault fails. It returns how many times fault reported that it
+// acted, and fault's error.
+func everyGap(ctx context.Context, rng *rand.Rand, gap time.Duration, fault func() (acted bool, err error)) (int, error) {
 	n := 0
 	for {
 		select {
@@ -53,19 +71,12 @@ func RestartRedisMaster(ctx context.Context, tp *chaos.Topology, seed int64, gap
 			return n, nil
 		case <-time.After(time.Duration(float64(gap) * (0.5 + rng.Float64()))):
 		}
-		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		addr, err := tp.MasterAddr(actx)
-		cancel()
-		if err != nil {
-			continue // Sentinel busy (a failover): try at the next turn
+		acted, err := fault()
+		if acted {
+			n++
 		}
-		for _, r := range tp.Redis {
-			if r.Addr == addr {
-				r.Kill()
-				time.Sleep(200*time.Millisecond + time.Duration(rng.Int64N(int64(400*time.Millisecond))))
-				r.Restart()
-				n++
-			}
+		if err != nil {
+			return n, err
 		}
 	}
 }

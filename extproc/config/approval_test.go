@@ -191,13 +191,7 @@ func TestBadApprovalBlocks(t *testing.T) {
 	}...)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, _, err := Parse("approval.yaml", []byte(approvalHead+tc.yaml), "", approvalOptions())
-			require.Error(t, err)
-			var got []string
-			for _, e := range unjoin(err) {
-				got = append(got, e.Error())
-			}
-			require.Equal(t, tc.want, got)
+			require.Equal(t, tc.want, parseErrors(t, "approval.yaml", approvalHead+tc.yaml, approvalOptions()))
 		})
 	}
 }
@@ -299,13 +293,20 @@ func TestApprovalStepUpAndPublicURL(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, _, err := Parse("approval.yaml", []byte(approvalHead+tc.yaml), "", approvalOptions())
-			require.Error(t, err)
-			var got []string
-			for _, e := range unjoin(err) {
-				got = append(got, e.Error())
-			}
-			require.Equal(t, tc.want, got)
+			require.Equal(t, tc.want, parseErrors(t, "approval.yaml", approvalHead+tc.yaml, approvalOptions()))
 		})
 	}
+}
+
+// parseErrors parses yaml, which must fail, and returns each of its
+// problems as written.
+func parseErrors(t *testing.T, name, yaml string, opts Options) []string {
+	t.Helper()
+	_, _, err := Parse(name, []byte(yaml), "", opts)
+	require.Error(t, err)
+	var got []string
+	for _, e := range unjoin(err) {
+		got = append(got, e.Error())
+	}
+	return got
 }
