@@ -70,8 +70,7 @@ func postgresCPUSeconds() (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	var ticks uint64
-	found := false
+	procs := map[int]procStat{} // the postgres processes, by pid
 	for _, p := range paths {
 		st, err := readStat(p)
 		if err != nil {
@@ -80,17 +79,20 @@ func postgresCPUSeconds() (float64, error) {
 			}
 			return 0, err
 		}
-		if st.comm != "postgres" {
-			continue
-		}
-		found = true
-		ticks += st.utime + st.stime
-		if parent, err := readStat(fmt.Sprintf("/proc/%d/stat", st.ppid)); err != nil || parent.comm != "postgres" {
-			ticks += st.cutime + st.cstime // the postmaster
+		if st.comm == "postgres" {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			procs[pid] = st
 		}
 	}
-	if !found {
+	if len(procs) == 0 {
 		return 0, errors.New("no postgres process found for the CPU split")
+	}
+	var ticks uint64
+	for _, st := range procs {
+		ticks += st.utime + st.stime
+		if _, child := procs[st.ppid]; !child {
+			ticks += st.cutime + st.cstime // the postmaster
+		}
 	}
 	return float64(ticks) / clockTicks, nil
 }
