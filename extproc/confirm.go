@@ -132,9 +132,9 @@ func (ex *exchange) acquire(claims fingerprint.Claims, headersOnly bool) (*extpr
 // not answered in_progress for the whole lease.
 //
 // A terminal record this replica has read before is answered from memory:
-// it cannot have changed, and the match on scope, subject and params is the
-// one every store makes before answering DONE or FAILED (a mismatch goes to
-// the store, which answers it).
+// it cannot have changed. The memory answers only when scope, subject tag
+// and param hash all match, stricter than the stores (which compare the
+// param hash); anything else goes to the store, which answers it.
 func (ex *exchange) storeAcquire(claims fingerprint.Claims, owner string) (state.Answer, error) {
 	if rec, ok := ex.srv.terminals.Get(claims.Nonce, ex.srv.now()); ok &&
 		rec.Scope == ex.op.Scope && rec.SubjectTag == claims.SubjectTag && rec.ParamHash == claims.ParamHash {
