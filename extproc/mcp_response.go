@@ -80,7 +80,7 @@ func (ex *exchange) mcpResponseBody(body []byte) (*extprocv3.ProcessingResponse,
 // mcpRewrite replaces the final response in body by what edit makes of it,
 // fixing content-length when the upstream sent one (Envoy compares it with
 // the new body; a chunked event stream has none).
-func (ex *exchange) mcpRewrite(body []byte, edit func(msg []byte) ([]byte, bool)) *extprocv3.ProcessingResponse {
+func (ex *exchange) mcpRewrite(body []byte, edit func(msg mcp.Message) ([]byte, bool)) *extprocv3.ProcessingResponse {
 	m := ex.mcp
 	msg, ev, found := mcp.Final(body, m.sse, m.id)
 	if !found {
@@ -127,11 +127,11 @@ func (ex *exchange) mcpRecordConfirm(body []byte) {
 		ex.settle(true, nil, why)
 		return
 	}
-	ex.settle(true, append([]byte(nil), msg...), "")
+	ex.settle(true, append([]byte(nil), msg.Raw...), "")
 }
 
 // mcpOutcome is the outcome class of a JSON-RPC response to tools/call.
-func mcpOutcome(msg []byte) (outcomeClass, string) {
+func mcpOutcome(msg mcp.Message) (outcomeClass, string) {
 	switch o, why := mcp.OutcomeOf(msg); o {
 	case mcp.Done:
 		return classDone, ""
@@ -146,7 +146,7 @@ func mcpOutcome(msg []byte) (outcomeClass, string) {
 // fingerprint and its expiry in structuredContent (when that is an object
 // or absent), and one text block that carries the token, because many
 // clients give the model only content. No storage write.
-func (ex *exchange) mcpInjectPreview(msg []byte) ([]byte, bool) {
+func (ex *exchange) mcpInjectPreview(msg mcp.Message) ([]byte, bool) {
 	res, ok := mcp.PreviewOf(msg)
 	if !ok {
 		ex.decision("passed_through")
@@ -159,31 +159,31 @@ func (ex *exchange) mcpInjectPreview(msg []byte) ([]byte, bool) {
 		return nil, false
 	}
 	expires := expiresAt.Format(time.RFC3339)
-	texts := ex.mcpTexts()
-	block := mcp.TextBlock(nil, envelope.FillPreviewBlock(texts.PreviewBlock, token, expires))
+	block := ex.mcpPreviewBlock().Fill(token, expires)
 	ex.decision("signed")
 	return res.Inject(ex.previewFields(token, expires), block), true
 }
 
-// mcpTexts returns the MCP texts of the stream's operation.
-func (ex *exchange) mcpTexts() envelope.MCPText {
-	if t, ok := ex.srv.mcpTexts[ex.op]; ok {
-		return t
+// mcpPreviewBlock returns the preview text block of the stream's
+// operation.
+func (ex *exchange) mcpPreviewBlock() mcp.PreviewBlock {
+	if b, ok := ex.srv.mcpPreviewBlocks[ex.op]; ok {
+		return b
 	}
-	return textsOf(ex.op, ex.srv.cfg.Language)
+	return mcp.NewPreviewBlock(textsOf(ex.op, ex.srv.cfg.Language).PreviewBlock)
 }
 
-// mcpTextsByOperation renders the MCP texts of every MCP operation once:
-// they depend on the configuration only, and a preview needs them on every
-// call.
-func mcpTextsByOperation(cfg *config.Runtime) map[*config.Operation]envelope.MCPText {
-	texts := map[*config.Operation]envelope.MCPText{}
+// mcpPreviewBlocksByOperation renders the preview text block of every MCP
+// operation once: it depends on the configuration only, and a preview
+// needs it on every call.
+func mcpPreviewBlocksByOperation(cfg *config.Runtime) map[*config.Operation]mcp.PreviewBlock {
+	blocks := map[*config.Operation]mcp.PreviewBlock{}
 	for _, ep := range cfg.MCPEndpoints {
 		for _, op := range ep.Ops {
-			texts[op] = textsOf(op, cfg.Language)
+			blocks[op] = mcp.NewPreviewBlock(textsOf(op, cfg.Language).PreviewBlock)
 		}
 	}
-	return texts
+	return blocks
 }
 
 // mcpAugmentList rewrites a tools/list result: every confirm tool of the
@@ -193,7 +193,7 @@ func mcpTextsByOperation(cfg *config.Runtime) map[*config.Operation]envelope.MCP
 // schema would reject), a preview tool's outputSchema gains the injected
 // fields, and on the last page (no nextCursor) the status tools are
 // appended. Cursors and every other tool pass unchanged.
-func (ex *exchange) mcpAugmentList(msg []byte) ([]byte, bool) {
+func (ex *exchange) mcpAugmentList(msg mcp.Message) ([]byte, bool) {
 	m := ex.mcp
 	list, ok := mcp.ToolListOf(msg)
 	if !ok {

@@ -1,10 +1,13 @@
 package mcp
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemgate/idemgate/extproc/envelope"
 )
 
 func TestParseSSE(t *testing.T) {
@@ -108,7 +111,9 @@ func TestOutcome(t *testing.T) {
 		`{"id":1,"error":{"code":-32603,"message":"x"}}`:    Ambiguous,
 		`{"id":1,"result":{"resultType":"input_required"}}`: Ambiguous,
 	} {
-		got, _ := OutcomeOf([]byte(msg))
+		m, err := readMessage([]byte(msg))
+		require.NoError(t, err)
+		got, _ := OutcomeOf(m)
 		require.Equal(t, want, got, msg)
 	}
 }
@@ -121,4 +126,34 @@ func TestFinalIsStrict(t *testing.T) {
 	// unknown.
 	_, _, found = Final([]byte(`{"jsonrpc":"2.0","id":1,"result":{"isError":false,"isError":true}}`), false, []byte(`1`))
 	require.False(t, found)
+}
+
+// TestPreviewBlockFill: filling the block rendered once gives what
+// rendering the filled text gives, for the shipped texts and for texts with
+// braces, escapes and repeated or missing placeholders; a value that would
+// need escaping takes the general way and stays correct.
+func TestPreviewBlockFill(t *testing.T) {
+	texts := []string{
+		envelope.MCPTexts("en", envelope.MCPTool{PreviewTool: "p", ConfirmTool: "c", StatusTool: "s", Field: "fingerprint"}).PreviewBlock,
+		envelope.MCPTexts("zh", envelope.MCPTool{PreviewTool: "p", ConfirmTool: "c", StatusTool: "s", Field: "fingerprint"}).PreviewBlock,
+		"{{fingerprint}} {expires_at}{fingerprint}\t\"quoted\" \\ {expires} {",
+		"no placeholder at all",
+	}
+	for _, text := range texts {
+		for _, v := range [][2]string{
+			{"eyJ2IjoxfQ.c2ln-_", "2026-12-07T10:00:00Z"},
+			{"a\"b\\c\n\u2028é", "{fingerprint}"},
+		} {
+			want := TextBlock(nil, strings.ReplaceAll(strings.ReplaceAll(text, "{expires_at}", v[1]), "{fingerprint}", v[0]))
+			if v[1] == "{fingerprint}" {
+				// One pass: a value is never scanned for placeholders.
+				r := strings.NewReplacer("{fingerprint}", v[0], "{expires_at}", v[1])
+				want = TextBlock(nil, r.Replace(text))
+			}
+			got := NewPreviewBlock(text).Fill(v[0], v[1])
+			require.Equal(t, string(want), string(got), "%q with %q", text, v)
+			var block struct{ Type, Text string }
+			require.NoError(t, json.Unmarshal(got, &block))
+		}
+	}
 }

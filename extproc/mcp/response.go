@@ -6,31 +6,49 @@ import (
 	"github.com/idemgate/idemgate/internal/jsonx"
 )
 
+// Message is a JSON-RPC message read once: its members and, when its
+// result is an object, the result's. A response is read when it is found
+// and then classified or rewritten from these, never parsed again.
+type Message struct {
+	// Raw is the message's bytes.
+	Raw             []byte
+	members, result []jsonx.Member
+}
+
+// readMessage reads a strict JSON object as a message.
+func readMessage(raw []byte) (Message, error) {
+	n, err := jsonx.ReadInner(raw, "result")
+	if err != nil {
+		return Message{}, err
+	}
+	return Message{Raw: raw, members: n.Members, result: n.Inner}, nil
+}
+
 // Final finds the JSON-RPC response to the request with id in a response
 // body: the body itself (application/json) or, in an event stream, the
 // event whose message has the id and a result or error (notifications
 // before it pass untouched). ev is the event (nil for JSON). A message that
 // is not strict JSON is not the response: it passes unchanged, and an
 // acquired confirm's outcome is then unknown.
-func Final(body []byte, sse bool, id []byte) (msg []byte, ev *Event, found bool) {
-	isResponse := func(raw []byte) bool {
-		ms, err := jsonx.Members(raw)
-		if err != nil || !SameID(jsonx.Lookup(ms, "id"), id) {
-			return false
+func Final(body []byte, sse bool, id []byte) (msg Message, ev *Event, found bool) {
+	response := func(raw []byte) (Message, bool) {
+		m, err := readMessage(raw)
+		if err != nil || !SameID(jsonx.Lookup(m.members, "id"), id) {
+			return Message{}, false
 		}
-		return jsonx.Lookup(ms, "result") != nil || jsonx.Lookup(ms, "error") != nil
+		return m, jsonx.Lookup(m.members, "result") != nil || jsonx.Lookup(m.members, "error") != nil
 	}
 	if !sse {
-		raw := bytes.TrimSpace(body)
-		return raw, nil, isResponse(raw)
+		m, ok := response(bytes.TrimSpace(body))
+		return m, nil, ok
 	}
 	events := ParseSSE(body)
 	for i := range events {
-		if isResponse(events[i].Data) {
-			return events[i].Data, &events[i], true
+		if m, ok := response(events[i].Data); ok {
+			return m, &events[i], true
 		}
 	}
-	return nil, nil, false
+	return Message{}, nil, false
 }
 
 // Replace puts newMsg in place of the final response msg found by Final in
@@ -59,10 +77,10 @@ const (
 
 // OutcomeOf classifies a JSON-RPC response to tools/call (a message Final
 // found); why says what made it ambiguous.
-func OutcomeOf(msg []byte) (o Outcome, why string) {
-	ms, _ := jsonx.Members(msg)
+func OutcomeOf(msg Message) (o Outcome, why string) {
+	ms := msg.members
 	if result := jsonx.Lookup(ms, "result"); result != nil {
-		rm, _ := jsonx.Members(result)
+		rm := msg.result
 		rt, _ := jsonx.String(jsonx.Lookup(rm, "resultType"))
 		switch {
 		case rt == "task":
@@ -84,44 +102,43 @@ func OutcomeOf(msg []byte) (o Outcome, why string) {
 
 // PreviewResult is a successful preview's result, ready for a fingerprint.
 type PreviewResult struct {
-	msg, result []byte
-	members     []jsonx.Member
+	msg Message
 }
 
 // PreviewOf returns the result of a preview response that a fingerprint is
 // signed into: a complete result that is not an error (ok=false for an
 // error, isError, or a task or input request).
-func PreviewOf(msg []byte) (PreviewResult, bool) {
-	result := jsonx.MemberOf(msg, "result")
-	rm, _ := jsonx.Members(result)
-	if result == nil || jsonx.IsTrue(jsonx.Lookup(rm, "isError")) {
+func PreviewOf(msg Message) (PreviewResult, bool) {
+	rm := msg.result
+	if jsonx.Lookup(msg.members, "result") == nil || jsonx.IsTrue(jsonx.Lookup(rm, "isError")) {
 		return PreviewResult{}, false
 	}
 	if rt, _ := jsonx.String(jsonx.Lookup(rm, "resultType")); rt != "" && rt != "complete" {
 		return PreviewResult{}, false
 	}
-	return PreviewResult{msg: msg, result: result, members: rm}, true
+	return PreviewResult{msg: msg}, true
 }
 
 // Inject returns the response with fields set in structuredContent (when
 // that is an object, or absent: then it is made of fields alone) and block
 // appended to content, for clients that give the model only content.
 func (p PreviewResult) Inject(fields []jsonx.Set, block []byte) []byte {
+	rm := p.msg.result
 	set := make([]jsonx.Set, 0, 2)
-	sc := jsonx.Lookup(p.members, "structuredContent")
+	sc := jsonx.Lookup(rm, "structuredContent")
 	if jsonx.IsNull(sc) {
 		set = append(set, jsonx.Set{Key: "structuredContent", Raw: jsonx.Edit(nil, nil, fields...)})
 	} else if spliced, err := jsonx.Splice(nil, sc, fields...); err == nil {
 		set = append(set, jsonx.Set{Key: "structuredContent", Raw: spliced})
 	}
 	// An array or scalar has no room for members: the text block carries it.
-	set = append(set, jsonx.Set{Key: "content", Raw: jsonx.AppendElements(jsonx.Lookup(p.members, "content"), block)})
-	return jsonx.Edit(p.msg, nil, jsonx.Set{Key: "result", Raw: jsonx.Edit(p.result, nil, set...)})
+	set = append(set, jsonx.Set{Key: "content", Raw: jsonx.AppendElements(jsonx.Lookup(rm, "content"), block)})
+	return jsonx.EditMembers(p.msg.members, nil, jsonx.Set{Key: "result", Raw: jsonx.EditMembers(rm, nil, set...)})
 }
 
 // ToolList is a tools/list result.
 type ToolList struct {
-	msg, result []byte
+	msg Message
 	// Tools are the raw tool definitions.
 	Tools [][]byte
 	// LastPage: no nextCursor, so the list ends on this page.
@@ -130,19 +147,19 @@ type ToolList struct {
 
 // ToolListOf reads a tools/list response (ok=false when it has no result
 // with a tools array).
-func ToolListOf(msg []byte) (ToolList, bool) {
-	result := jsonx.MemberOf(msg, "result")
-	tools, err := jsonx.Elements(jsonx.MemberOf(result, "tools"))
+func ToolListOf(msg Message) (ToolList, bool) {
+	result := jsonx.Lookup(msg.members, "result")
+	tools, err := jsonx.Elements(jsonx.Lookup(msg.result, "tools"))
 	if result == nil || err != nil {
 		return ToolList{}, false
 	}
-	return ToolList{msg: msg, result: result, Tools: tools, LastPage: jsonx.IsNull(jsonx.MemberOf(result, "nextCursor"))}, true
+	return ToolList{msg: msg, Tools: tools, LastPage: jsonx.IsNull(jsonx.Lookup(msg.result, "nextCursor"))}, true
 }
 
 // With returns the response with its tools replaced by tools; the cursor
 // and every other member pass unchanged.
 func (l ToolList) With(tools [][]byte) []byte {
-	return jsonx.Edit(l.msg, nil, jsonx.Set{Key: "result", Raw: jsonx.Edit(l.result, nil, jsonx.Set{Key: "tools", Raw: jsonx.AppendElements(nil, tools...)})})
+	return jsonx.EditMembers(l.msg.members, nil, jsonx.Set{Key: "result", Raw: jsonx.EditMembers(l.msg.result, nil, jsonx.Set{Key: "tools", Raw: jsonx.AppendElements(nil, tools...)})})
 }
 
 // ToolName is a tool definition's name.

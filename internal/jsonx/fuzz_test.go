@@ -57,3 +57,26 @@ func FuzzMembers(f *testing.F) {
 		require.Equal(t, a, b)
 	})
 }
+
+// FuzzReadInner: ReadInner accepts exactly what ReadNested accepts and
+// reads the same members, inner ones included; only the depth is left out.
+func FuzzReadInner(f *testing.F) {
+	for _, s := range []string{`{}`, `{"id":1,"result":{"content":[{"type":"text"}],"structuredContent":{"a":[[1]]}}}`, `{"result":[1]}`, `{"result":{"a":1,"a":2}}`, `{"a":{"b":{}}}`, `[1]`, "{\"result\":\"\xff\"}"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		want, wantErr := jsonx.ReadNested(raw, "result")
+		got, err := jsonx.ReadInner(raw, "result")
+		require.Equal(t, wantErr == nil, err == nil, "%q: %v vs %v", raw, wantErr, err)
+		require.Zero(t, got.Depth)
+		require.Equal(t, len(want.Members), len(got.Members), "%q", raw)
+		for i := range want.Members {
+			require.Equal(t, string(want.Members[i].Value), string(got.Members[i].Value), "%q", raw)
+		}
+		require.Equal(t, len(want.Inner), len(got.Inner), "%q", raw)
+		for i := range want.Inner {
+			require.Equal(t, want.Inner[i].Key(), got.Inner[i].Key(), "%q", raw)
+			require.Equal(t, string(want.Inner[i].Value), string(got.Inner[i].Value), "%q", raw)
+		}
+	})
+}

@@ -18,15 +18,24 @@ type Nested struct {
 
 // ReadNested reads the strict JSON object raw, the members of its member
 // named inner, and its nesting depth, in one pass.
-func ReadNested(raw []byte, inner string) (Nested, error) { return readNested(raw, inner, false) }
+func ReadNested(raw []byte, inner string) (Nested, error) {
+	return readNested(raw, inner, false, true)
+}
+
+// ReadInner is ReadNested without the depth (left 0): nested values are
+// checked whole rather than token by token, which is faster, for a caller
+// that applies no depth limit (an upstream's answer).
+func ReadInner(raw []byte, inner string) (Nested, error) {
+	return readNested(raw, inner, false, false)
+}
 
 // LaxNested is ReadNested under Lax's rules, only to word a refusal.
 func LaxNested(raw []byte, inner string) Nested {
-	n, _ := readNested(raw, inner, true)
+	n, _ := readNested(raw, inner, true, true)
 	return n
 }
 
-func readNested(raw []byte, inner string, lax bool) (Nested, error) {
+func readNested(raw []byte, inner string, lax, trackDepth bool) (Nested, error) {
 	r := getReader(raw, lax)
 	defer putReader(r)
 	d := &r.dec
@@ -38,7 +47,11 @@ func readNested(raw []byte, inner string, lax bool) (Nested, error) {
 		return Nested{}, ErrNotObject
 	}
 	var err error
-	n.Members, err = readObject(d, raw, lax, &n.Depth, func(name []byte) bool { return string(name) == inner }, &n.Inner)
+	depth := &n.Depth
+	if !trackDepth {
+		depth = nil
+	}
+	n.Members, err = readObject(d, raw, lax, depth, func(name []byte) bool { return string(name) == inner }, &n.Inner)
 	if err != nil {
 		return Nested{}, err
 	}
@@ -49,7 +62,8 @@ func readNested(raw []byte, inner string, lax bool) (Nested, error) {
 }
 
 // readObject reads the object that comes next, its members' values token by
-// token so that depth records the deepest nesting; the members of the one
+// token so that depth records the deepest nesting (whole, when depth is
+// nil); the members of the one
 // member object that descend picks are read into inner on the way. members
 // keeps a loop of its own: storing inner makes this function's result
 // escape, and a caller's stack array passed to MembersInto must not.
@@ -57,7 +71,9 @@ func readObject(d *jsontext.Decoder, raw []byte, lax bool, depth *int, descend f
 	if _, err := d.ReadToken(); err != nil {
 		return nil, fail(err, d.InputOffset())
 	}
-	*depth = max(*depth, d.StackDepth())
+	if depth != nil {
+		*depth = max(*depth, d.StackDepth())
+	}
 	var ms []Member
 	for d.PeekKind() != '}' {
 		key, start, err := readName(d, lax)
@@ -74,7 +90,7 @@ func readObject(d *jsontext.Decoder, raw []byte, lax bool, depth *int, descend f
 			}
 			*inner = im
 			from = valueStart(raw, from)
-		case k == '{' || k == '[':
+		case depth != nil && (k == '{' || k == '['):
 			from = int(d.InputOffset())
 			if err := skipTracked(d, depth); err != nil {
 				return nil, err
