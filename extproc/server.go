@@ -31,6 +31,7 @@ import (
 
 	"github.com/idemgate/idemgate/extproc/config"
 	"github.com/idemgate/idemgate/extproc/envelope"
+	"github.com/idemgate/idemgate/extproc/mcp"
 	"github.com/idemgate/idemgate/extproc/requeststate"
 	"github.com/idemgate/idemgate/extproc/security"
 	"github.com/idemgate/idemgate/extproc/terminalcache"
@@ -90,8 +91,9 @@ type Server struct {
 	abandons  *abandoner
 	buffers   bufferPool
 	tracer    trace.Tracer
-	// mcpTexts are the rendered MCP texts of each MCP operation.
-	mcpTexts map[*config.Operation]envelope.MCPText
+	// mcpPreviewBlocks are the rendered preview text blocks of each MCP
+	// operation.
+	mcpPreviewBlocks map[*config.Operation]mcp.PreviewBlock
 	// states seals the requestState of approval input requests.
 	states *requeststate.Sealer
 	// terminals are the terminal records this replica's confirms read
@@ -135,21 +137,21 @@ func NewServer(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("extproc: %w", err)
 	}
 	return &Server{
-		states:       states,
-		terminals:    terminalcache.New(opts.Config.Limits.TerminalCacheBytes),
-		abandons:     newAbandoner(opts.Store, opts.Config.Store.Timeout, opts.Logger, opts.Metrics),
-		cfg:          opts.Config,
-		store:        opts.Store,
-		approvals:    opts.Approvals,
-		notifier:     opts.Notifier,
-		log:          opts.Logger,
-		metrics:      opts.Metrics,
-		security:     opts.Security,
-		now:          opts.Now,
-		instance:     opts.InstanceID,
-		storeTimeout: opts.Config.Store.Timeout,
-		tracer:       opts.Tracer,
-		mcpTexts:     mcpTextsByOperation(opts.Config),
+		states:           states,
+		terminals:        terminalcache.New(opts.Config.Limits.TerminalCacheBytes),
+		abandons:         newAbandoner(opts.Store, opts.Config.Store.Timeout, opts.Logger, opts.Metrics),
+		cfg:              opts.Config,
+		store:            opts.Store,
+		approvals:        opts.Approvals,
+		notifier:         opts.Notifier,
+		log:              opts.Logger,
+		metrics:          opts.Metrics,
+		security:         opts.Security,
+		now:              opts.Now,
+		instance:         opts.InstanceID,
+		storeTimeout:     opts.Config.Store.Timeout,
+		tracer:           opts.Tracer,
+		mcpPreviewBlocks: mcpPreviewBlocksByOperation(opts.Config),
 	}, nil
 }
 

@@ -46,7 +46,7 @@ type MCPTool struct {
 
 // MCPTexts returns the MCP texts of language (English when unknown) with
 // the tool names filled in. {fingerprint} and {expires_at} in PreviewBlock
-// are left for FillPreviewBlock.
+// are left for the preview (mcp.PreviewBlock fills them).
 func MCPTexts(language string, t MCPTool) MCPText {
 	cat, ok := mcpCatalogues[language]
 	if !ok {
@@ -59,12 +59,4 @@ func MCPTexts(language string, t MCPTool) MCPText {
 		StatusTool:                r.Replace(cat.StatusTool),
 		StatusFingerprintArgument: r.Replace(cat.StatusFingerprintArgument),
 	}
-}
-
-// FillPreviewBlock puts a fingerprint and its expiry into a PreviewBlock.
-// Neither value can hold the other's placeholder (a fingerprint is base64url
-// and dots, an expiry RFC 3339), so two replacements equal one pass, without
-// building a Replacer on every preview.
-func FillPreviewBlock(block, fingerprint, expiresAt string) string {
-	return strings.ReplaceAll(strings.ReplaceAll(block, "{expires_at}", expiresAt), "{fingerprint}", fingerprint)
 }

@@ -1,7 +1,9 @@
 package mcp
 
 import (
+	"bytes"
 	"strconv"
+	"strings"
 
 	"github.com/idemgate/idemgate/internal/jsonx"
 )
@@ -62,6 +64,69 @@ func TextBlock(b []byte, text string) []byte {
 	b = append(b, `{"type":"text","text":`...)
 	b = jsonx.AppendString(b, text)
 	return append(b, '}')
+}
+
+// Placeholders of a preview's text block, filled on every preview.
+const (
+	fingerprintPlaceholder = "{fingerprint}"
+	expiresAtPlaceholder   = "{expires_at}"
+)
+
+// PreviewBlock is a preview's text block rendered once as JSON with its
+// {fingerprint} and {expires_at} placeholders left in: JSON escaping keeps
+// both as they are, and the values put in their place (base64url and dots,
+// an RFC 3339 time) need no escaping, so each preview only copies bytes.
+type PreviewBlock struct {
+	template []byte
+	text     string
+}
+
+// NewPreviewBlock renders the block of text (a preview text with both
+// placeholders).
+func NewPreviewBlock(text string) PreviewBlock {
+	return PreviewBlock{template: TextBlock(nil, text), text: text}
+}
+
+// Fill returns the block with the fingerprint and its expiry in place of
+// the placeholders: what TextBlock makes of the text with them replaced.
+func (p PreviewBlock) Fill(fingerprint, expiresAt string) []byte {
+	if needsEscape(fingerprint) || needsEscape(expiresAt) {
+		// Not a value idemgate signs; rendered the slow, general way.
+		r := strings.NewReplacer(fingerprintPlaceholder, fingerprint, expiresAtPlaceholder, expiresAt)
+		return TextBlock(nil, r.Replace(p.text))
+	}
+	out := make([]byte, 0, len(p.template)+len(fingerprint)+len(expiresAt))
+	t := p.template
+	for {
+		i := bytes.IndexByte(t, '{')
+		if i < 0 {
+			return append(out, t...)
+		}
+		out = append(out, t[:i]...)
+		t = t[i:]
+		switch {
+		case bytes.HasPrefix(t, []byte(fingerprintPlaceholder)):
+			out = append(out, fingerprint...)
+			t = t[len(fingerprintPlaceholder):]
+		case bytes.HasPrefix(t, []byte(expiresAtPlaceholder)):
+			out = append(out, expiresAt...)
+			t = t[len(expiresAtPlaceholder):]
+		default:
+			out = append(out, '{')
+			t = t[1:]
+		}
+	}
+}
+
+// needsEscape reports whether s holds a byte a JSON string must escape, or
+// one outside ASCII.
+func needsEscape(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
+			return true
+		}
+	}
+	return false
 }
 
 // ToolResult is what an MCP client shows its model of an idemgate answer:
