@@ -48,6 +48,9 @@ type EditOptions struct {
 //     end of result.structuredContent and the text block appended to
 //     result.content, and content-length set.
 //
+// and, as idemgate does after its last reply, it then ends the stream
+// itself (OK) rather than waiting for Envoy to close it as Noop does.
+//
 // The byte operations find their places by the layout of the benchmark's
 // upstream (e2e/loadgen/upstream.go), not by parsing: a body they do not
 // fit is passed through unchanged, which the benchmark counts as an error.
@@ -133,7 +136,7 @@ func (s *Edit) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 				out = s.editHTTP((*buf)[:0], body)
 			}
 			if out == nil {
-				return continueResponseBody, false, nil
+				return continueResponseBody, true, nil
 			}
 			*buf = out
 			reply.n = 0
@@ -141,7 +144,7 @@ func (s *Edit) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 				reply.setHeader(hdrFingerprint, s.token)
 			}
 			reply.setHeader(hdrContentLength, strconv.AppendInt(reply.digits[:0], int64(len(out)), 10))
-			return reply.build(out), false, nil
+			return reply.build(out), true, nil
 		}
 		resp, err := continueFor(req)
 		return resp, false, err

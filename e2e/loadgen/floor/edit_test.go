@@ -2,11 +2,14 @@ package floor
 
 import (
 	"encoding/json"
+	"io"
 	"strconv"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemgate/idemgate/extproc/envelope"
 	"github.com/idemgate/idemgate/extproc/mcp"
@@ -144,4 +147,33 @@ func TestEditPassesWhatItCannotPlace(t *testing.T) {
 func TestNewEditNeedsItsValues(t *testing.T) {
 	_, err := NewEdit(EditOptions{Token: editToken, Expires: editExpires})
 	require.Error(t, err)
+}
+
+// TestEditEndsTheStreamAfterItsLastReply: like idemgate, the server closes
+// the stream (OK) once it has answered the response body, without waiting
+// for Envoy to close its side; each earlier message gets an empty CONTINUE.
+func TestEditEndsTheStreamAfterItsLastReply(t *testing.T) {
+	conns := serve(t, newTestEdit(t))
+	st, err := conns.Next().Process(t.Context())
+	require.NoError(t, err)
+	hm := func(hs ...*corev3.HeaderValue) *corev3.HeaderMap { return &corev3.HeaderMap{Headers: hs} }
+	for _, req := range []*extprocv3.ProcessingRequest{
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hm(hv(":path", "/v1/transfers/preview"))}}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{}`), EndOfStream: true}}},
+		{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{Headers: hm(hv(":status", "200"))}}},
+	} {
+		require.NoError(t, st.Send(req))
+		resp, err := st.Recv()
+		require.NoError(t, err)
+		want, err := continueFor(req)
+		require.NoError(t, err)
+		require.True(t, proto.Equal(want, resp), "an empty CONTINUE: %v", resp)
+	}
+	require.NoError(t, st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+		ResponseBody: &extprocv3.HttpBody{Body: []byte(editQuote), EndOfStream: true}}}))
+	resp, err := st.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, resp.GetResponseBody().GetResponse().GetBodyMutation())
+	_, err = st.Recv()
+	require.ErrorIs(t, err, io.EOF, "the server ended the stream")
 }
