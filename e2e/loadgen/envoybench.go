@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -53,6 +56,11 @@ const (
 	// idemgate and Envoy, and the no-op floor with the same 3 messages.
 	evNoopBodyOnly    = "envoy+noop bodyonly"
 	evPreviewBodyOnly = "envoy+preview bodyonly"
+	// The same-answer floor: the no-op server's messages, its answer to the
+	// response body the mutations of idemgate's signed preview (fixed
+	// values, no work), over HTTP and over MCP.
+	evNoopEdit    = "envoy+noop-edit"
+	evNoopEditMCP = "envoy+noop-edit mcp"
 	// Authentication as cheap as a header filter: jwt_authn replaced by a
 	// header_mutation that sets the subject (envoytest.Edits.HeaderAuth),
 	// Envoy alone and with idemgate (both preview variants).
@@ -99,6 +107,8 @@ var envoyColumnDescriptions = map[string]string{
 	evMCPUnguarded: "(c) Envoy + idemgate, the same unguarded tools/call: idemgate reads the body (mcp.trust_upstream_headers is off, the default: the body must agree with Mcp-Method/Mcp-Name), lets it pass and switches the response phases off (3 messages). Expected: a JSON-RPC result for the request's id.",
 	evMCPPreview:   "(c) Envoy + idemgate, tools/call " + mcpPreviewTool + ": idemgate buffers the call, hashes the arguments, and signs a fingerprint into the result's structuredContent and a text block. Expected: a result for the request's id with the fingerprint.",
 	evMCPConfirm:   "(c) Envoy + idemgate, tools/call " + mcpConfirmTool + " with a distinct minted fingerprint in the arguments, tiered store: verify, acquire, the fingerprint taken out of the arguments, the upstream called with Idempotency-Key, complete. Expected: a result for the request's id, the upstream's mark that it saw the key.",
+	evNoopEdit:     "(b) the same-answer floor: Envoy (the filter config of envoy+noop) + a no-op-like server (-serve noop-edit, on idemgate's gRPC transport) that sends the mutations of idemgate's signed preview with none of its work (no JSON parsing, hashing, signing or store): CONTINUE to the request headers and body and the response headers, and to the response body the upstream's quote with the fingerprint and fingerprint_expires_at members inserted before its closing brace (a byte operation), Idempotency-Fingerprint and the new content-length set; then it ends the stream itself, as idemgate does (the no-op server waits for Envoy to close it). Its fixed token and expiry are minted with idemgate's key at setup, so its answers have the sizes of idemgate's. Preview requests. Expected: 200 with Idempotency-Fingerprint.",
+	evNoopEditMCP:  "(b) the same-answer floor over MCP: the noop-edit server on the tools/call " + mcpPreviewTool + " requests of envoy+mcp-preview (the upstream answers the quote): to the response body the result with the two members inserted at the end of structuredContent and idemgate's text block (rendered with extproc/envelope and extproc/mcp around the floor's token) appended to content, by byte operations on the upstream's layout, content-length set. Expected: a result for the request's id with the fingerprint.",
 	evMCPReplay:    "(c) Envoy + idemgate, replay over MCP: confirm tool calls of fingerprints already DONE (a pool confirmed beforehand, reused round-robin), each with a new JSON-RPC id: idemgate answers the stored result with the current id, the upstream is not called. Expected: a result for the request's id with Idempotent-Replayed: true.",
 }
 
@@ -108,7 +118,7 @@ var envoyColumnDescriptions = map[string]string{
 // -envoy-rounds' default, so that every default rotated round measures it
 // back to back, Envoy alone first (headerAuthPairBackToBack): the pair gets no
 // rounds of its own, its ratio has no target.
-var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evPlainHeaderAuth, evPlainOtherHeaderAuth, evAttachedOtherHeaderAuth, evNoop, evNoopBodyOnly, evAnswer, evIO, evPreview, evPreviewBodyOnly, evPreviewHeaderAuth, evPreviewBodyOnlyHeaderAuth, evPreviewMTLS, evPreviewUnix, evConfirm, evReplay, evReplayStore, evNoopMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
+var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evPlainHeaderAuth, evPlainOtherHeaderAuth, evAttachedOtherHeaderAuth, evNoop, evNoopBodyOnly, evNoopEdit, evAnswer, evIO, evPreview, evPreviewBodyOnly, evPreviewHeaderAuth, evPreviewBodyOnlyHeaderAuth, evPreviewMTLS, evPreviewUnix, evConfirm, evReplay, evReplayStore, evNoopMCP, evNoopEditMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
 
 // idemgateColumns are the columns idemgate serves.
 var idemgateColumns = []string{evPreview, evPreviewHeaderAuth, evConfirm, evReplay, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay, evAttachedOther, evAttachedOtherHeaderAuth}
@@ -250,6 +260,12 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	}
 	e.children = append(e.children, answer)
 	e.extProcPid[evAnswer] = answer.pid()
+	edit, editAddr, err := e.startEditFloor(ctx)
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, edit)
+	e.extProcPid[evNoopEdit], e.extProcPid[evNoopEditMCP] = edit.pid(), edit.pid()
 	ioArgs := []string{"-redis-addr", e.redis, "-redis-prefix", e.prefix + "iofloor:", "-pg-dsn", e.db.dsn}
 	settings := idemgateSettings{RedisAddr: e.redis, KeyPrefix: e.prefix, PostgresDSN: e.db.dsn}
 	if o.envoyLenientStores {
@@ -325,6 +341,7 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	}{
 		{[]string{evPlain, evPlainOther}, envoytest.Edits{Clusters: clusters(noopAddr), DropExtProc: true}},
 		{[]string{evNoop, evNoopMCP}, envoytest.Edits{Clusters: clusters(noopAddr)}},
+		{[]string{evNoopEdit, evNoopEditMCP}, envoytest.Edits{Clusters: clusters(editAddr)}},
 		{[]string{evIO}, envoytest.Edits{Clusters: clusters(ioAddr)}},
 		{[]string{evAnswer}, envoytest.Edits{Clusters: clusters(answerAddr)}},
 		{jwtIdemgateColumns, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr)}},
@@ -358,10 +375,95 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		}
 		e.tokens = append(e.tokens, "Bearer "+tok)
 	}
+	if err := e.compareEditAnswers(ctx); err != nil {
+		return err
+	}
 	if err := e.fillReplayPool(ctx); err != nil {
 		return err
 	}
 	return e.fillMCPReplayPool(ctx)
+}
+
+// startEditFloor starts the same-answer floor (-serve noop-edit) with
+// fixed values of the sizes idemgate's answers carry: a fingerprint of the
+// preview's params minted with idemgate's key for each operation's scope
+// (the MCP operation's is longer), its expiry, and the text block idemgate
+// appends to an MCP preview rendered around the MCP one.
+func (e *envoyBench) startEditFloor(ctx context.Context) (*child, string, error) {
+	token, expires, err := e.b.minter.sample(scope)
+	if err != nil {
+		return nil, "", err
+	}
+	mcpToken, _, err := e.b.minter.sample(mcpScope)
+	if err != nil {
+		return nil, "", err
+	}
+	return e.b.startFloor(ctx, "noop-edit", "-edit-token", token, "-edit-mcp-token", mcpToken,
+		"-edit-expires", expires, "-edit-mcp-block", string(mcpPreviewBlock(mcpToken, expires)))
+}
+
+// compareEditAnswers sends one preview and one MCP preview call through
+// idemgate and through the same-answer floor and says in a note whether
+// the floor's answers had the sizes of idemgate's (body, content-length,
+// Idempotency-Fingerprint): the floor prices the same bytes only if so.
+func (e *envoyBench) compareEditAnswers(ctx context.Context) error {
+	type answer struct {
+		body, header  int
+		contentLength string
+	}
+	get := func(column string, r *httpRequest) (answer, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+e.envoys[column].ListenAddr+r.path, bytes.NewReader(r.body))
+		if err != nil {
+			return answer{}, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", r.auth)
+		for i := 0; i+1 < len(r.headers); i += 2 {
+			req.Header.Set(r.headers[i], r.headers[i+1])
+		}
+		c := http.Client{Timeout: 15 * time.Second}
+		resp, err := c.Do(req)
+		if err != nil {
+			return answer{}, fmt.Errorf("%s: %w", column, err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return answer{}, fmt.Errorf("%s: %w", column, err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			return answer{}, fmt.Errorf("%s answered %s: %s", column, resp.Status, body)
+		}
+		return answer{body: len(body), header: len(resp.Header.Get("Idempotency-Fingerprint")), contentLength: resp.Header.Get("Content-Length")}, nil
+	}
+	preview := &httpRequest{path: previewPath, auth: e.tokens[0], body: previewBytes}
+	call := &httpRequest{path: mcpPath, auth: e.tokens[0], body: mcpCallBody(1, mcpPreviewTool, previewBytes), headers: mcpHeaders(mcpPreviewTool)}
+	var same, differ []string
+	for _, p := range []struct {
+		idemgate, floor string
+		req             *httpRequest
+	}{{evPreview, evNoopEdit, preview}, {evMCPPreview, evNoopEditMCP, call}} {
+		want, err := get(p.idemgate, p.req)
+		if err != nil {
+			return err
+		}
+		got, err := get(p.floor, p.req)
+		if err != nil {
+			return err
+		}
+		what := fmt.Sprintf("%s body %d bytes (content-length %s), Idempotency-Fingerprint %d bytes", p.floor, got.body, got.contentLength, got.header)
+		if got == want {
+			same = append(same, what)
+		} else {
+			differ = append(differ, fmt.Sprintf("%s; %s: body %d bytes (content-length %s), Idempotency-Fingerprint %d bytes", what, p.idemgate, want.body, want.contentLength, want.header))
+		}
+	}
+	if len(differ) > 0 {
+		e.table.Notes = append(e.table.Notes, "The same-answer floor's answers did NOT have the sizes of idemgate's: "+strings.Join(differ, " | ")+".")
+		return nil
+	}
+	e.table.Notes = append(e.table.Notes, "The same-answer floor's answers had the sizes of idemgate's, checked on one request each at setup: "+strings.Join(same, "; ")+".")
+	return nil
 }
 
 func (e *envoyBench) pingRedis(ctx context.Context) error {
@@ -450,7 +552,7 @@ func (e *envoyBench) confirmRequest(it confirmItem) *httpRequest {
 // expected is the outcome label each column must produce.
 func expectedLabel(column string) string {
 	switch column {
-	case evPreview, evPreviewMTLS, evPreviewUnix, evPreviewHeaderAuth:
+	case evPreview, evPreviewMTLS, evPreviewUnix, evPreviewHeaderAuth, evNoopEdit:
 		return "200 " + markSigned
 	case evPreviewBodyOnly, evPreviewBodyOnlyHeaderAuth:
 		return "200 " + markSignedBody
@@ -460,7 +562,7 @@ func expectedLabel(column string) string {
 		return "200 " + markReplayed
 	case evNoopMCP, evMCPUnguarded:
 		return "200 " + markRPC
-	case evMCPPreview:
+	case evMCPPreview, evNoopEditMCP:
 		return "200 " + markSigned + " " + markRPC
 	case evMCPConfirm:
 		return "200 " + markKey + " " + markRPC
@@ -488,7 +590,7 @@ func (e *envoyBench) source(column string, c int) (httpSource, error) {
 		return &confirmHTTPSource{e: e, items: e.replay, cycle: true, limit: uint64(float64(o.budgetRate) * cell)}, nil
 	case evNoopMCP, evMCPUnguarded:
 		return &mcpSource{tool: mcpUnguardedTool, tokens: e.tokens, args: previewBytes, limit: uint64(float64(o.budgetRate) * cell)}, nil
-	case evMCPPreview:
+	case evMCPPreview, evNoopEditMCP:
 		return &mcpSource{tool: mcpPreviewTool, tokens: e.tokens, args: previewBytes, limit: uint64(float64(o.budgetRate) * cell)}, nil
 	case evMCPConfirm:
 		n := int(math.Ceil(float64(o.envoyConfirmRate) * cell))
@@ -820,6 +922,10 @@ func (e *envoyBench) finish() {
 			Note: "no target: a first-time confirm makes 4 store round trips the no-op server does not."},
 		{Name: "envoy+confirm-tiered / envoy+io-floor", Num: evConfirm, Den: evIO,
 			Note: "against (b) plus the naive store round trips (the same 4 round trips, one after the other, on the same Redis and PostgreSQL)."},
+		{Name: "envoy+preview / envoy+noop-edit", Num: evPreview, Den: evNoopEdit,
+			Note: "idemgate's own work: against a server sending the same mutations (the same answer sizes, no parsing, hashing, signing or store)."},
+		{Name: "envoy+noop-edit / envoy+noop", Num: evNoopEdit, Den: evNoop,
+			Note: "what the preview's mutations cost Envoy, the upstream and the client with a server that does nothing else."},
 		{Name: "envoy+noop / envoy", Num: evNoop, Den: evPlain, Note: "what an ext_proc stream costs Envoy itself, with a server that does nothing."},
 		{Name: "envoy+idemgate other-path / envoy other-path", Num: evAttachedOther, Den: evPlainOther, Target: 0.95, TargetConcurrency: at,
 			Note: "what attaching idemgate costs a request it does not guard: the composite runs no ext_proc (no filter, no stream)."},
@@ -856,6 +962,10 @@ func (e *envoyBench) finish() {
 			Note: "an MCP call no operation guards: idemgate reads its body and lets it pass with the response phases off (3 messages), the no-op server exchanges all 4."},
 		{Name: "envoy+mcp-preview / envoy+noop mcp", Num: evMCPPreview, Den: evNoopMCP, Target: 0.90, TargetConcurrency: at,
 			Note: "the MCP counterpart of envoy+preview / envoy+noop (the upstream does the same work in both)."},
+		{Name: "envoy+mcp-preview / envoy+noop-edit mcp", Num: evMCPPreview, Den: evNoopEditMCP,
+			Note: "idemgate's own work over MCP: the same tool call and answer, against a server sending the same mutations."},
+		{Name: "envoy+noop-edit mcp / envoy+noop mcp", Num: evNoopEditMCP, Den: evNoopMCP,
+			Note: "what the MCP preview's mutations cost with a server that does nothing else; the two call different tools (" + mcpPreviewTool + ", " + mcpUnguardedTool + "), which the upstream answers alike."},
 		{Name: "envoy+mcp-replay / envoy+noop mcp", Num: evMCPReplay, Den: evNoopMCP},
 		{Name: "envoy+mcp-confirm-tiered / envoy+noop mcp", Num: evMCPConfirm, Den: evNoopMCP,
 			Note: "no target: a first-time confirm makes 4 store round trips the no-op server does not."},

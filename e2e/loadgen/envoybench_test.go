@@ -70,6 +70,12 @@ func TestThroughEnvoyTiny(t *testing.T) {
 		require.NotContains(t, n, "not measured")
 	}
 	require.Contains(t, strings.Join(tab.Notes, "\n"), "the upstream's own counters matched")
+	// The same-answer floor's columns were checked per answer (signed, and
+	// for MCP a signed result for the request's id) above; its answers
+	// had the sizes of idemgate's.
+	require.Equal(t, "200 "+markSigned, expectedLabel(evNoopEdit))
+	require.Equal(t, "200 "+markSigned+" "+markRPC, expectedLabel(evNoopEditMCP))
+	require.Contains(t, strings.Join(tab.Notes, "\n"), "The same-answer floor's answers had the sizes of idemgate's")
 	// The attach ratio has a round ratio per rotated and per own round at
 	// the target concurrency, one elsewhere.
 	i := slices.IndexFunc(tab.RoundRatios, func(rr report.RoundRatio) bool {
@@ -92,7 +98,8 @@ func TestThroughEnvoyTiny(t *testing.T) {
 	require.Equal(t, "200 "+markSignedBody, expectedLabel(evPreviewBodyOnly))
 	for _, name := range []string{"envoy+preview mtls / envoy+preview", "envoy+preview unix / envoy+preview", "envoy+preview mtls / envoy", "envoy+preview unix / envoy",
 		"envoy+preview bodyonly / envoy", "envoy+preview bodyonly / envoy+noop bodyonly", "envoy+noop bodyonly / envoy+noop",
-		"envoy+preview header-auth / envoy header-auth", "envoy+preview bodyonly header-auth / envoy header-auth"} {
+		"envoy+preview header-auth / envoy header-auth", "envoy+preview bodyonly header-auth / envoy header-auth",
+		"envoy+preview / envoy+noop-edit", "envoy+noop-edit / envoy+noop", "envoy+mcp-preview / envoy+noop-edit mcp", "envoy+noop-edit mcp / envoy+noop mcp"} {
 		j := slices.IndexFunc(tab.RoundRatios, func(rr report.RoundRatio) bool { return rr.Name == name })
 		require.GreaterOrEqual(t, j, 0, name)
 		require.Len(t, tab.RoundRatios[j].PerConcurrency[4], 1, name)

@@ -175,12 +175,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.envoyRedis, "envoy-redis", defaultSharedRedis(), "the shared Redis idemgate and the I/O floor use through Envoy (own key prefix, keys deleted at the end)")
 	fs.IntVar(&o.envoyConfirmRate, "envoy-confirm-rate", 3000, "fingerprints minted per second of warm-up+duration for each through-Envoy first-time confirm cell")
 	// Child mode: this binary as a floor server.
-	fs.StringVar(&o.serve.kind, "serve", "", "internal: run a floor server or the upstream (noop|iofloor|upstream)")
+	fs.StringVar(&o.serve.kind, "serve", "", "internal: run a floor server or the upstream (noop|noop-bodyonly|answer|noop-edit|iofloor|upstream)")
 	fs.StringVar(&o.serve.listen, "listen", "127.0.0.1:0", "internal: -serve listen address")
 	fs.StringVar(&o.serve.redisAddr, "redis-addr", "", "internal: -serve iofloor Redis address")
 	fs.StringVar(&o.serve.redisPrefix, "redis-prefix", "iofloor:", "internal: -serve iofloor prefix of its Redis keys")
 	fs.StringVar(&o.serve.pgDSN, "pg-dsn", "", "internal: -serve iofloor PostgreSQL DSN")
 	fs.DurationVar(&o.serve.storeTimeout, "store-timeout", 0, "internal: -serve iofloor bound of each store call (default 250ms)")
+	fs.StringVar(&o.serve.editToken, "edit-token", "", "internal: -serve noop-edit fingerprint of its HTTP answers")
+	fs.StringVar(&o.serve.editMCPToken, "edit-mcp-token", "", "internal: -serve noop-edit fingerprint of its MCP answers (default: -edit-token)")
+	fs.StringVar(&o.serve.editExpires, "edit-expires", "", "internal: -serve noop-edit expiry member's value (RFC 3339)")
+	fs.StringVar(&o.serve.editMCPBlock, "edit-mcp-block", "", "internal: -serve noop-edit text block (JSON) appended to an MCP result's content")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"strconv"
 	"sync/atomic"
+
+	"github.com/idemgate/idemgate/extproc/envelope"
+	"github.com/idemgate/idemgate/extproc/mcp"
 )
 
 // The MCP side of the through-Envoy benchmark: the transfer operation as
@@ -17,6 +20,7 @@ const (
 	mcpProtocolVersion = "2026-07-28"
 	mcpPreviewTool     = "transfer_preview"
 	mcpConfirmTool     = "transfer_confirm"
+	mcpStatusTool      = "transfer_status"
 	// mcpUnguardedTool is a tool idemgate does not guard: its name is not
 	// one of the operation's, so the call passes at the request headers.
 	// The upstream answers it exactly as it answers the preview tool, so
@@ -93,4 +97,16 @@ func (s *mcpSource) Next(int) *httpRequest {
 	it := s.items[i%uint64(len(s.items))]
 	r.auth, r.body = s.tokens[it.subject%subjectCount], mcpCallBody(int(i), s.tool, it.body)
 	return r
+}
+
+// mcpPreviewBlock is the text block idemgate appends to the content of a
+// signed transfer_preview result carrying token and expires: rendered with
+// the packages idemgate renders it with (extproc/envelope's English
+// catalogue, the benchmark config's language, with the operation's tool
+// names and fingerprint field; extproc/mcp's text block).
+func mcpPreviewBlock(token, expires string) []byte {
+	texts := envelope.MCPTexts("en", envelope.MCPTool{
+		PreviewTool: mcpPreviewTool, ConfirmTool: mcpConfirmTool, StatusTool: mcpStatusTool, Field: "fingerprint",
+	})
+	return mcp.TextBlock(nil, envelope.FillPreviewBlock(texts.PreviewBlock, token, expires))
 }

@@ -23,12 +23,14 @@ import (
 
 // serveOptions are the hidden flags of the child mode (-serve).
 type serveOptions struct {
-	kind         string // noop | noop-bodyonly | answer | iofloor | upstream
+	kind         string // noop | noop-bodyonly | answer | noop-edit | iofloor | upstream
 	listen       string
 	redisAddr    string
 	redisPrefix  string // iofloor: prefix of its Redis keys
 	pgDSN        string
 	storeTimeout time.Duration // iofloor: bound of each store call (0: 250ms)
+	// noop-edit: the fixed values its answers carry (floor.EditOptions).
+	editToken, editMCPToken, editExpires, editMCPBlock string
 }
 
 // serve runs a floor server as this process's only job, prints "ready" on
@@ -58,6 +60,12 @@ func serve(o serveOptions, stderr io.Writer) error {
 		srv = floor.NoopBodyOnly{}
 	case "answer":
 		srv = floor.Answer{}
+	case "noop-edit":
+		edit, err := floor.NewEdit(floor.EditOptions{Token: o.editToken, MCPToken: o.editMCPToken, Expires: o.editExpires, MCPBlock: []byte(o.editMCPBlock)})
+		if err != nil {
+			return fmt.Errorf("-serve noop-edit: %w", err)
+		}
+		srv = edit
 	case "iofloor":
 		if o.redisAddr == "" || o.pgDSN == "" {
 			return errors.New("-serve iofloor needs -redis-addr and -pg-dsn")
@@ -76,7 +84,7 @@ func serve(o serveOptions, stderr io.Writer) error {
 		}
 		srv = io
 	default:
-		return fmt.Errorf("unknown -serve %q (noop|noop-bodyonly|answer|iofloor|upstream)", o.kind)
+		return fmt.Errorf("unknown -serve %q (noop|noop-bodyonly|answer|noop-edit|iofloor|upstream)", o.kind)
 	}
 
 	lis, err := net.Listen("tcp", o.listen)

@@ -233,6 +233,25 @@ func newMinter(keyB64 string, ttl time.Duration) (*minter, error) {
 	return &minter{ring: ring, params: params, ttl: ttl}, nil
 }
 
+// sample signs one fingerprint of the preview body's params for scope,
+// as idemgate's preview would (a fresh nonce, the TTL from now, the first
+// subject), and returns it with its expiry as idemgate writes it (RFC
+// 3339, UTC): the fixed values of the same-answer floor, of the sizes
+// idemgate's answers carry.
+func (m *minter) sample(scope string) (token, expires string, err error) {
+	nonce, err := fingerprint.NewNonce()
+	if err != nil {
+		return "", "", fmt.Errorf("failed to make a nonce: %w", err)
+	}
+	token, exp, err := m.ring.SignToken(fingerprint.SignRequest{
+		Subject: subjectName(0), Scope: scope, Params: m.params, Nonce: nonce, Expiry: time.Now().Add(m.ttl),
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("failed to sign a fingerprint: %w", err)
+	}
+	return token, exp.Format(time.RFC3339), nil
+}
+
 // confirmBody is base with the fingerprint field added at the end.
 func confirmBody(base []byte, token string) []byte {
 	i := bytes.LastIndexByte(base, '}')

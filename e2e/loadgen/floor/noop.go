@@ -2,8 +2,10 @@
 // against: Noop, the protocol floor (CONTINUE to everything, nothing else),
 // NoopBodyOnly, the same without the response headers (3 messages),
 // Answer, the floor of an answer after the request body (two messages),
-// and IO, the I/O floor (Noop plus exactly the store round trips of one
-// first-time confirm).
+// IO, the I/O floor (Noop plus exactly the store round trips of one
+// first-time confirm), and Edit, the same-answer floor (Noop, but answering
+// the response body with the mutations of idemgate's signed preview, fixed
+// values spliced in by byte operations).
 package floor
 
 import (

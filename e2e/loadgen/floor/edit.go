@@ -1,0 +1,246 @@
+package floor
+
+import (
+	"bytes"
+	"errors"
+	"strconv"
+	"sync"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+)
+
+// EditOptions configure an Edit floor: the fixed values it writes into
+// every answer, which a preview of idemgate signs and renders anew.
+type EditOptions struct {
+	// Token is the fingerprint of an HTTP preview (the
+	// Idempotency-Fingerprint header and the body member).
+	Token string
+	// MCPToken is the fingerprint of an MCP preview (default: Token).
+	// idemgate's MCP operation has its own scope, so its tokens are a few
+	// bytes longer.
+	MCPToken string
+	// Expires is the expiry member's value (RFC 3339, as idemgate writes it).
+	Expires string
+	// MCPBlock is the text block appended to an MCP result's content: the
+	// JSON object {"type":"text","text":"..."} carrying MCPToken.
+	MCPBlock []byte
+	// Field names the fingerprint member (default "fingerprint"); the
+	// expiry member is Field + "_expires_at", as idemgate names it.
+	Field string
+	// MCPPath is the MCP endpoint (default "/mcp"); every other path is
+	// answered as an HTTP preview.
+	MCPPath string
+}
+
+// Edit is the same-answer floor: it sends the mutations idemgate sends
+// for a signed preview, with none of idemgate's work (no JSON parsing, no
+// hashing, no signing, no store). Like Noop it answers the request headers,
+// the request body and the response headers with CONTINUE (4 messages);
+// to the response body:
+//
+//   - on an HTTP path, a body mutation that is the upstream's JSON object
+//     with the fingerprint and expiry members inserted before its last '}',
+//     and header mutations setting idempotency-fingerprint and the new
+//     content-length (the shape of idemgate's reply: raw_value, no
+//     append_action);
+//   - on the MCP path, a body mutation with the two members inserted at the
+//     end of result.structuredContent and the text block appended to
+//     result.content, and content-length set.
+//
+// and, as idemgate does after its last reply, it then ends the stream
+// itself (OK) rather than waiting for Envoy to close it as Noop does.
+//
+// The byte operations find their places by the layout of the benchmark's
+// upstream (e2e/loadgen/upstream.go), not by parsing: a body they do not
+// fit is passed through unchanged, which the benchmark counts as an error.
+type Edit struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	token, mcpToken []byte // header values, shared by every reply
+	members         []byte // ,"fingerprint":"…","fingerprint_expires_at":"…"
+	mcpMembers      []byte // the same with MCPToken
+	mcpBlock        []byte
+	mcpPath         string
+	buffers         sync.Pool // of *[]byte: a reply's new body, until sent
+}
+
+var _ extprocv3.ExternalProcessorServer = (*Edit)(nil)
+
+// NewEdit builds everything fixed of the answers once.
+func NewEdit(o EditOptions) (*Edit, error) {
+	if o.Token == "" || o.Expires == "" || len(o.MCPBlock) == 0 {
+		return nil, errors.New("the edit floor needs a token, an expiry and an MCP text block")
+	}
+	if o.MCPToken == "" {
+		o.MCPToken = o.Token
+	}
+	if o.Field == "" {
+		o.Field = "fingerprint"
+	}
+	if o.MCPPath == "" {
+		o.MCPPath = "/mcp"
+	}
+	members := func(token string) []byte {
+		return []byte(`,"` + o.Field + `":"` + token + `","` + o.Field + `_expires_at":"` + o.Expires + `"`)
+	}
+	return &Edit{
+		token: []byte(o.Token), mcpToken: []byte(o.MCPToken),
+		members: members(o.Token), mcpMembers: members(o.MCPToken),
+		mcpBlock: bytes.Clone(o.MCPBlock), mcpPath: o.MCPPath,
+	}, nil
+}
+
+// Header names of the reply, lower case as Envoy hands them over.
+const (
+	hdrPath          = ":path"
+	hdrFingerprint   = "idempotency-fingerprint"
+	hdrContentLength = "content-length"
+)
+
+// The anchors of the MCP upstream's result: content comes first and ends
+// right before structuredContent, which ends right before isError.
+var (
+	mcpContentStart = []byte(`"content":[`)
+	mcpStructured   = []byte(`,"structuredContent":{`)
+	mcpIsError      = []byte(`,"isError":`)
+)
+
+// Process answers one stream.
+func (s *Edit) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	var (
+		mcp   bool
+		reply editReply // the stream's one response-body reply
+		buf   *[]byte
+	)
+	defer func() {
+		if buf != nil {
+			s.buffers.Put(buf)
+		}
+	}()
+	return answerEach(stream, func(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, bool, error) {
+		switch r := req.GetRequest().(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			mcp = s.isMCP(r.RequestHeaders.GetHeaders())
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			if buf == nil {
+				buf, _ = s.buffers.Get().(*[]byte)
+				if buf == nil {
+					buf = new([]byte)
+				}
+			}
+			body := r.ResponseBody.GetBody()
+			var out []byte
+			if mcp {
+				out = s.editMCP((*buf)[:0], body)
+			} else {
+				out = s.editHTTP((*buf)[:0], body)
+			}
+			if out == nil {
+				return continueResponseBody, true, nil
+			}
+			*buf = out
+			reply.n = 0
+			if !mcp {
+				reply.setHeader(hdrFingerprint, s.token)
+			}
+			reply.setHeader(hdrContentLength, strconv.AppendInt(reply.digits[:0], int64(len(out)), 10))
+			return reply.build(out), true, nil
+		}
+		resp, err := continueFor(req)
+		return resp, false, err
+	})
+}
+
+// isMCP reports whether the request's :path is the MCP endpoint (a query
+// string aside).
+func (s *Edit) isMCP(hm *corev3.HeaderMap) bool {
+	for _, h := range hm.GetHeaders() {
+		if h.GetKey() != hdrPath {
+			continue
+		}
+		p := h.RawValue
+		if len(p) == 0 {
+			p = []byte(h.GetValue())
+		}
+		if i := bytes.IndexByte(p, '?'); i >= 0 {
+			p = p[:i]
+		}
+		return string(p) == s.mcpPath
+	}
+	return false
+}
+
+// editHTTP appends to dst the JSON object body with the members inserted
+// before its last '}' (nil when body has none).
+func (s *Edit) editHTTP(dst, body []byte) []byte {
+	i := bytes.LastIndexByte(body, '}')
+	if i < 0 {
+		return nil
+	}
+	dst = append(dst, body[:i]...)
+	dst = append(dst, s.members...)
+	return append(dst, body[i:]...)
+}
+
+// editMCP appends to dst the JSON-RPC response body with the block
+// appended to result.content and the members inserted at the end of
+// result.structuredContent (nil when body is not laid out as the
+// upstream's).
+func (s *Edit) editMCP(dst, body []byte) []byte {
+	c := bytes.Index(body, mcpContentStart)
+	sc := bytes.Index(body, mcpStructured)
+	ie := bytes.LastIndex(body, mcpIsError)
+	if c < 0 || sc < c || ie < sc || body[sc-1] != ']' || body[ie-1] != '}' {
+		return nil
+	}
+	contentEnd, scEnd := sc-1, ie-1 // the ']' and the '}' closing them
+	dst = append(dst, body[:contentEnd]...)
+	if contentEnd > c+len(mcpContentStart) {
+		dst = append(dst, ',')
+	}
+	dst = append(dst, s.mcpBlock...)
+	dst = append(dst, body[contentEnd:scEnd]...)
+	dst = append(dst, s.mcpMembers...)
+	return append(dst, body[scEnd:]...)
+}
+
+// editReply is a response-body reply setting up to two headers and
+// replacing the body, all its parts in one value: the stream builds it
+// once, as idemgate builds its signed preview's reply in one allocation.
+type editReply struct {
+	resp   extprocv3.ProcessingResponse
+	oneof  extprocv3.ProcessingResponse_ResponseBody
+	body   extprocv3.BodyResponse
+	common extprocv3.CommonResponse
+	mut    extprocv3.HeaderMutation
+	bm     extprocv3.BodyMutation
+	bmBody extprocv3.BodyMutation_Body
+	opts   [2]corev3.HeaderValueOption
+	vals   [2]corev3.HeaderValue
+	set    [2]*corev3.HeaderValueOption
+	n      int
+	digits [20]byte
+}
+
+// setHeader adds a header mutation overwriting name with value (raw_value,
+// append_action unset, as idemgate's).
+func (r *editReply) setHeader(name string, value []byte) {
+	r.vals[r.n] = corev3.HeaderValue{Key: name, RawValue: value}
+	r.opts[r.n].Header = &r.vals[r.n]
+	r.set[r.n] = &r.opts[r.n]
+	r.n++
+}
+
+// build returns CONTINUE with the headers set and body as the new body.
+func (r *editReply) build(body []byte) *extprocv3.ProcessingResponse {
+	r.mut.SetHeaders = r.set[:r.n]
+	r.bmBody.Body = body
+	r.bm.Mutation = &r.bmBody
+	r.common.Status = extprocv3.CommonResponse_CONTINUE
+	r.common.HeaderMutation = &r.mut
+	r.common.BodyMutation = &r.bm
+	r.body.Response = &r.common
+	r.oneof.ResponseBody = &r.body
+	r.resp.Response = &r.oneof
+	return &r.resp
+}
