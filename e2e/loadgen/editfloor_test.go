@@ -45,7 +45,9 @@ func TestEditFloorFitsTheUpstream(t *testing.T) {
 	defer conns.Close()
 
 	mcpAnswer := append([]byte(`{"jsonrpc":"2.0","id":3`), mcpQuoteResult...)
-	res, ok := mcp.PreviewOf(mcpAnswer)
+	msg, err := mcp.ReadMessage(mcpAnswer)
+	require.NoError(t, err)
+	res, ok := mcp.PreviewOf(msg)
 	require.True(t, ok)
 	httpWant, err := jsonx.Splice(nil, quoteBytes, jsonx.Set{Key: "fingerprint", Text: token}, jsonx.Set{Key: "fingerprint_expires_at", Text: expires})
 	require.NoError(t, err)

@@ -103,10 +103,10 @@ func (s *mcpSource) Next(int) *httpRequest {
 // signed transfer_preview result carrying token and expires: rendered with
 // the packages idemgate renders it with (extproc/envelope's English
 // catalogue, the benchmark config's language, with the operation's tool
-// names and fingerprint field; extproc/mcp's text block).
+// names and fingerprint field; extproc/mcp's preview block).
 func mcpPreviewBlock(token, expires string) []byte {
 	texts := envelope.MCPTexts("en", envelope.MCPTool{
 		PreviewTool: mcpPreviewTool, ConfirmTool: mcpConfirmTool, StatusTool: mcpStatusTool, Field: "fingerprint",
 	})
-	return mcp.TextBlock(nil, envelope.FillPreviewBlock(texts.PreviewBlock, token, expires))
+	return mcp.NewPreviewBlock(texts.PreviewBlock).Fill(token, expires)
 }

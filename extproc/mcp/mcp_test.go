@@ -111,7 +111,7 @@ func TestOutcome(t *testing.T) {
 		`{"id":1,"error":{"code":-32603,"message":"x"}}`:    Ambiguous,
 		`{"id":1,"result":{"resultType":"input_required"}}`: Ambiguous,
 	} {
-		m, err := readMessage([]byte(msg))
+		m, err := ReadMessage([]byte(msg))
 		require.NoError(t, err)
 		got, _ := OutcomeOf(m)
 		require.Equal(t, want, got, msg)

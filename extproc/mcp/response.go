@@ -15,8 +15,9 @@ type Message struct {
 	members, result []jsonx.Member
 }
 
-// readMessage reads a strict JSON object as a message.
-func readMessage(raw []byte) (Message, error) {
+// ReadMessage reads a strict JSON object as a message (Final does, for the
+// message it finds).
+func ReadMessage(raw []byte) (Message, error) {
 	n, err := jsonx.ReadInner(raw, "result")
 	if err != nil {
 		return Message{}, err
@@ -32,7 +33,7 @@ func readMessage(raw []byte) (Message, error) {
 // acquired confirm's outcome is then unknown.
 func Final(body []byte, sse bool, id []byte) (msg Message, ev *Event, found bool) {
 	response := func(raw []byte) (Message, bool) {
-		m, err := readMessage(raw)
+		m, err := ReadMessage(raw)
 		if err != nil || !SameID(jsonx.Lookup(m.members, "id"), id) {
 			return Message{}, false
 		}

@@ -32,7 +32,7 @@ const (
 // packages as extproc does for the benchmark's MCP operation.
 func editBlock() []byte {
 	texts := envelope.MCPTexts("en", envelope.MCPTool{PreviewTool: "transfer_preview", ConfirmTool: "transfer_confirm", StatusTool: "transfer_status", Field: "fingerprint"})
-	return mcp.TextBlock(nil, envelope.FillPreviewBlock(texts.PreviewBlock, editMCPTok, editExpires))
+	return mcp.NewPreviewBlock(texts.PreviewBlock).Fill(editMCPTok, editExpires)
 }
 
 func newTestEdit(t *testing.T) *Edit {
@@ -93,7 +93,9 @@ func TestEditSignsHTTPPreviewsLikeIdemgate(t *testing.T) {
 // header otherwise, a valid JSON-RPC result for the request's id.
 func TestEditSignsMCPPreviewsLikeIdemgate(t *testing.T) {
 	conns := serve(t, newTestEdit(t))
-	res, ok := mcp.PreviewOf([]byte(editMCPAnswer))
+	msg, err := mcp.ReadMessage([]byte(editMCPAnswer))
+	require.NoError(t, err)
+	res, ok := mcp.PreviewOf(msg)
 	require.True(t, ok)
 	want := res.Inject([]jsonx.Set{{Key: "fingerprint", Text: editMCPTok}, {Key: "fingerprint_expires_at", Text: editExpires}}, editBlock())
 	for _, path := range []string{"/mcp", "/mcp?session=1"} {
