@@ -89,7 +89,9 @@ func (ex *exchange) confirmRequest(body []byte, headersOnly bool) (*extprocv3.Pr
 		return refused, true
 	}
 	params, selectErr := ex.op.Selector.Select(pb.doc, ex.vars)
-	expect := fingerprint.Expect{Subject: ex.subject, Scope: ex.op.Scope}
+	// A confirm never reads the claims' field tags: they are decoded only to
+	// name the changed fields of a params_changed.
+	expect := fingerprint.Expect{Subject: ex.subject, Scope: ex.op.Scope, OmitFieldTags: true}
 	if selectErr == nil {
 		expect.Params = &params
 	}

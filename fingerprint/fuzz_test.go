@@ -86,6 +86,22 @@ func FuzzVerify(f *testing.F) {
 		// accepts it only if every claim checks out.
 		forged := forge(testKey(2), string(payload))
 		claims, err := only2.Verify(forged, want, testExpiry)
+		// Leaving the field tags out changes nothing else: not what is
+		// refused, not why, not the changed fields.
+		lean := want
+		lean.OmitFieldTags = true
+		leanClaims, leanErr := only2.Verify(forged, lean, testExpiry)
+		require.Equal(t, err == nil, leanErr == nil, "%q", payload)
+		if err != nil {
+			require.Equal(t, err.Error(), leanErr.Error(), "%q", payload)
+			var ve, leanVE *fingerprint.VerifyError
+			require.ErrorAs(t, err, &ve)
+			require.ErrorAs(t, leanErr, &leanVE)
+			require.Equal(t, ve, leanVE, "%q: the same reason, detail and changed fields", payload)
+		}
+		require.Nil(t, leanClaims.FieldTags)
+		leanClaims.FieldTags = claims.FieldTags
+		require.Equal(t, claims, leanClaims, "%q", payload)
 		if len(forged) > fingerprint.MaxTokenLength {
 			requireReason(t, err, fingerprint.ReasonMalformed)
 			return

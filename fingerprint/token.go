@@ -1,6 +1,7 @@
 package fingerprint
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -312,6 +313,11 @@ type Expect struct {
 	Params *Params
 	// AllowExpired skips the expiry check (the status tool may ask late).
 	AllowExpired bool
+	// OmitFieldTags leaves Claims.FieldTags nil. The tags are still checked
+	// (an object of strings) and still name the changed fields of a
+	// params_changed; a caller that never reads them (the confirm path)
+	// saves a map and a string per bound field on every verification.
+	OmitFieldTags bool
 }
 
 // Verify checks token in the order syntax, key id, MAC, v, s, u, exp, p and
@@ -350,7 +356,7 @@ func (r *KeyRing) Verify(token string, want Expect, now time.Time) (Claims, erro
 	if err != nil {
 		return malformed("bad payload encoding")
 	}
-	claims, detail := decodeClaims(payload, r, &want)
+	claims, fieldTags, detail := decodeClaims(payload, r, &want)
 	if detail != "" {
 		return malformed(detail)
 	}
@@ -377,7 +383,12 @@ func (r *KeyRing) Verify(token string, want Expect, now time.Time) (Claims, erro
 		return claims, &VerifyError{Reason: ReasonExpired}
 	}
 	if want.Params != nil && subtle.ConstantTimeCompare([]byte(want.Params.Hash), []byte(claims.ParamHash)) != 1 {
-		return claims, &VerifyError{Reason: ReasonParamsChanged, ChangedFields: k.changedFields(claims.FieldTags, want.Params)}
+		tags := claims.FieldTags
+		if tags == nil {
+			// Checked by decodeClaims, and the payload is still ours.
+			tags, _ = claimFieldTags(fieldTags, &want)
+		}
+		return claims, &VerifyError{Reason: ReasonParamsChanged, ChangedFields: k.changedFields(tags, want.Params)}
 	}
 	return claims, nil
 }
@@ -441,26 +452,27 @@ const (
 // strings; k a valid key id, n and p lower-case hex of the right length. It
 // returns a description of the first problem, never key material.
 //
-// The payload bytes are not kept. Strings the caller already holds — the
-// ring's key ids, the expected scope, parameter hash and field paths — are
-// reused instead of copied when the claim spells exactly them; ring and
-// want may be nil.
-func decodeClaims(payload []byte, ring *KeyRing, want *Expect) (Claims, string) {
+// The payload bytes are not kept, except fieldTags: the raw "f", which
+// aliases payload, from which Claims.FieldTags is decoded unless
+// want.OmitFieldTags. Strings the caller already holds — the ring's key
+// ids, the expected scope, parameter hash and field paths — are reused
+// instead of copied when the claim spells exactly them; ring and want may
+// be nil.
+func decodeClaims(payload []byte, ring *KeyRing, want *Expect) (c Claims, fieldTags []byte, detail string) {
 	var space [10]jsonx.Member
 	members, err := jsonx.MembersInto(space[:0], payload)
 	if err != nil {
 		var de *jsonx.DuplicateKeyError
 		switch {
 		case errors.As(err, &de) && len(de.Path) == 1:
-			return Claims{}, "payload repeats a member"
+			return Claims{}, nil, "payload repeats a member"
 		case errors.As(err, &de) && len(de.Path) == 2 && de.Path[0] == "f":
-			return Claims{}, `"f" repeats a member`
+			return Claims{}, nil, `"f" repeats a member`
 		case errors.Is(err, jsonx.ErrNotObject):
-			return Claims{}, "payload is not a JSON object"
+			return Claims{}, nil, "payload is not a JSON object"
 		}
-		return Claims{}, "payload is not valid JSON"
+		return Claims{}, nil, "payload is not valid JSON"
 	}
-	var c Claims
 	var seen int
 	for _, m := range members {
 		var bit int
@@ -505,26 +517,33 @@ func decodeClaims(payload []byte, ring *KeyRing, want *Expect) (Claims, string) 
 			}
 		case "f":
 			bit = memberF
-			c.FieldTags, bad = claimFieldTags(m.Value, want)
+			fieldTags = m.Value
+			if want != nil && want.OmitFieldTags {
+				if !objectOfStrings(m.Value) {
+					bad = badFieldTags
+				}
+			} else {
+				c.FieldTags, bad = claimFieldTags(m.Value, want)
+			}
 		default:
-			return Claims{}, "payload has an unknown member"
+			return Claims{}, nil, "payload has an unknown member"
 		}
 		if bad != "" {
-			return Claims{}, bad
+			return Claims{}, nil, bad
 		}
 		seen |= bit
 	}
 	switch {
 	case seen != allMembers:
-		return Claims{}, "payload must have exactly the members v k n exp u s p f"
+		return Claims{}, nil, "payload must have exactly the members v k n exp u s p f"
 	case !validKeyID(c.KeyID):
-		return Claims{}, `"k" is not a key id`
+		return Claims{}, nil, `"k" is not a key id`
 	case !isLowerHex(c.Nonce, nonceHexLen):
-		return Claims{}, `"n" must be 32 lower-case hex characters`
+		return Claims{}, nil, `"n" must be 32 lower-case hex characters`
 	case !isLowerHex(c.ParamHash, paramHashLen):
-		return Claims{}, `"p" must be 64 lower-case hex characters`
+		return Claims{}, nil, `"p" must be 64 lower-case hex characters`
 	}
-	return c, ""
+	return c, fieldTags, ""
 }
 
 // knownKeyID returns the ring's own copy of a key id the payload names, or
@@ -616,10 +635,12 @@ func parseInt64(text []byte) (int64, bool) {
 	return int64(u), true
 }
 
+const badFieldTags = `"f" must be an object of strings`
+
 // claimFieldTags reads "f": an object whose members are all strings
 // (duplicates were refused with the payload).
 func claimFieldTags(raw []byte, want *Expect) (map[string]string, string) {
-	const bad = `"f" must be an object of strings`
+	const bad = badFieldTags
 	var space [16]jsonx.Member
 	members, err := jsonx.MembersInto(space[:0], raw)
 	if err != nil {
@@ -638,6 +659,39 @@ func claimFieldTags(raw []byte, want *Expect) (map[string]string, string) {
 		tags[want.knownPath(m.Name)] = string(tag)
 	}
 	return tags, ""
+}
+
+// objectOfStrings reports whether raw, a strict JSON value (read with the
+// payload), is an object whose members are all strings, as claimFieldTags
+// requires, without decoding it: outside strings such an object holds only
+// its own braces, colons, commas and whitespace, and any other value would
+// put a bracket, a second brace, a digit, a minus or a letter there.
+func objectOfStrings(raw []byte) bool {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) < 2 || raw[0] != '{' || raw[len(raw)-1] != '}' {
+		return false
+	}
+	inString := false
+	for i := 1; i < len(raw)-1; i++ {
+		c := raw[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++ // the escaped byte cannot end the string
+			case '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case ':', ',', ' ', '\t', '\n', '\r':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // base64URLByte marks the bytes of the unpadded base64url alphabet: a

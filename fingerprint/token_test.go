@@ -330,6 +330,15 @@ func TestVerifyRejects(t *testing.T) {
 			claims, err := f.ring.Verify(tc.token, want, now)
 			ve := requireReason(t, err, tc.reason)
 			require.Equal(t, tc.changed, ve.ChangedFields)
+			// Without Claims.FieldTags (the confirm path): the same answer,
+			// the changed fields included, and the claims without the tags.
+			lean := want
+			lean.OmitFieldTags = true
+			leanClaims, leanErr := f.ring.Verify(tc.token, lean, now)
+			require.Equal(t, ve, requireReason(t, leanErr, tc.reason), "the same reason, detail and changed fields")
+			require.Nil(t, leanClaims.FieldTags)
+			leanClaims.FieldTags = claims.FieldTags
+			require.Equal(t, claims, leanClaims)
 			if tc.claimsShown {
 				require.NotZero(t, claims.Nonce, "claims come back once the MAC is verified")
 				require.Equal(t, testNonce, claims.Nonce)
