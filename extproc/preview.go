@@ -9,6 +9,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/idemgate/idemgate/extproc/bodyreply"
 	"github.com/idemgate/idemgate/extproc/envelope"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/jsonx"
@@ -83,8 +84,8 @@ func (ex *exchange) previewResponseBody(body []byte) (*extprocv3.ProcessingRespo
 		ex.decision("sign_failed")
 		return responseBodyReply(nil, nil, false), true
 	}
-	r := &headerBodyReply{}
-	r.setHeader(hdrFingerprint, []byte(token))
+	r := &bodyreply.Reply{}
+	r.SetHeader(hdrFingerprint, []byte(token))
 	expires := expiresAt.Format(time.RFC3339)
 	buf := ex.buffer()
 	out, err := jsonx.Splice(*buf, body, ex.previewFields(token, expires)...)
@@ -92,12 +93,12 @@ func (ex *exchange) previewResponseBody(body []byte) (*extprocv3.ProcessingRespo
 		ex.logger().Warn("preview response body is not a JSON object, or not strict JSON; the fingerprint is sent in the Idempotency-Fingerprint header only",
 			"content_length", len(body), "error", err)
 		ex.decision("signed_header_only")
-		return r.reply(nil, false), true
+		return r.Message(nil, false), true
 	}
 	keep(buf, out)
-	r.setContentLength(len(out))
+	r.SetContentLength(len(out))
 	ex.decision("signed")
-	return r.reply(out, true), true
+	return r.Message(out, true), true
 }
 
 // sign issues a fingerprint for the stream's subject and params and says

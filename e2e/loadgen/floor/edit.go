@@ -3,11 +3,12 @@ package floor
 import (
 	"bytes"
 	"errors"
-	"strconv"
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/idemgate/idemgate/extproc/bodyreply"
 )
 
 // EditOptions configure an Edit floor: the fixed values it writes into
@@ -42,8 +43,7 @@ type EditOptions struct {
 //   - on an HTTP path, a body mutation that is the upstream's JSON object
 //     with the fingerprint and expiry members inserted before its last '}',
 //     and header mutations setting idempotency-fingerprint and the new
-//     content-length (the shape of idemgate's reply: raw_value, no
-//     append_action);
+//     content-length (idemgate's reply, built by the same bodyreply.Reply);
 //   - on the MCP path, a body mutation with the two members inserted at the
 //     end of result.structuredContent and the text block appended to
 //     result.content, and content-length set.
@@ -90,11 +90,10 @@ func NewEdit(o EditOptions) (*Edit, error) {
 	}, nil
 }
 
-// Header names of the reply, lower case as Envoy hands them over.
+// Header names, lower case as Envoy hands them over.
 const (
-	hdrPath          = ":path"
-	hdrFingerprint   = "idempotency-fingerprint"
-	hdrContentLength = "content-length"
+	hdrPath        = ":path"
+	hdrFingerprint = "idempotency-fingerprint"
 )
 
 // The anchors of the MCP upstream's result: content comes first and ends
@@ -109,7 +108,7 @@ var (
 func (s *Edit) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	var (
 		mcp   bool
-		reply editReply // the stream's one response-body reply
+		reply bodyreply.Reply // the stream's one response-body reply, built as idemgate builds its own
 		buf   *[]byte
 	)
 	defer func() {
@@ -139,12 +138,12 @@ func (s *Edit) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 				return continueResponseBody, true, nil
 			}
 			*buf = out
-			reply.n = 0
+			reply.Reset()
 			if !mcp {
-				reply.setHeader(hdrFingerprint, s.token)
+				reply.SetHeader(hdrFingerprint, s.token)
 			}
-			reply.setHeader(hdrContentLength, strconv.AppendInt(reply.digits[:0], int64(len(out)), 10))
-			return reply.build(out), true, nil
+			reply.SetContentLength(len(out))
+			return reply.Message(out, true), true, nil
 		}
 		resp, err := continueFor(req)
 		return resp, false, err
@@ -202,45 +201,4 @@ func (s *Edit) editMCP(dst, body []byte) []byte {
 	dst = append(dst, body[contentEnd:scEnd]...)
 	dst = append(dst, s.mcpMembers...)
 	return append(dst, body[scEnd:]...)
-}
-
-// editReply is a response-body reply setting up to two headers and
-// replacing the body, all its parts in one value: the stream builds it
-// once, as idemgate builds its signed preview's reply in one allocation.
-type editReply struct {
-	resp   extprocv3.ProcessingResponse
-	oneof  extprocv3.ProcessingResponse_ResponseBody
-	body   extprocv3.BodyResponse
-	common extprocv3.CommonResponse
-	mut    extprocv3.HeaderMutation
-	bm     extprocv3.BodyMutation
-	bmBody extprocv3.BodyMutation_Body
-	opts   [2]corev3.HeaderValueOption
-	vals   [2]corev3.HeaderValue
-	set    [2]*corev3.HeaderValueOption
-	n      int
-	digits [20]byte
-}
-
-// setHeader adds a header mutation overwriting name with value (raw_value,
-// append_action unset, as idemgate's).
-func (r *editReply) setHeader(name string, value []byte) {
-	r.vals[r.n] = corev3.HeaderValue{Key: name, RawValue: value}
-	r.opts[r.n].Header = &r.vals[r.n]
-	r.set[r.n] = &r.opts[r.n]
-	r.n++
-}
-
-// build returns CONTINUE with the headers set and body as the new body.
-func (r *editReply) build(body []byte) *extprocv3.ProcessingResponse {
-	r.mut.SetHeaders = r.set[:r.n]
-	r.bmBody.Body = body
-	r.bm.Mutation = &r.bmBody
-	r.common.Status = extprocv3.CommonResponse_CONTINUE
-	r.common.HeaderMutation = &r.mut
-	r.common.BodyMutation = &r.bm
-	r.body.Response = &r.common
-	r.oneof.ResponseBody = &r.body
-	r.resp.Response = &r.oneof
-	return &r.resp
 }
