@@ -640,11 +640,10 @@ const badFieldTags = `"f" must be an object of strings`
 // claimFieldTags reads "f": an object whose members are all strings
 // (duplicates were refused with the payload).
 func claimFieldTags(raw []byte, want *Expect) (map[string]string, string) {
-	const bad = badFieldTags
 	var space [16]jsonx.Member
 	members, err := jsonx.MembersInto(space[:0], raw)
 	if err != nil {
-		return nil, bad
+		return nil, badFieldTags
 	}
 	size := len(members)
 	if want != nil && want.Params != nil {
@@ -654,7 +653,7 @@ func claimFieldTags(raw []byte, want *Expect) (map[string]string, string) {
 	for _, m := range members {
 		tag, ok := jsonx.StringBytes(m.Value)
 		if !ok {
-			return nil, bad
+			return nil, badFieldTags
 		}
 		tags[want.knownPath(m.Name)] = string(tag)
 	}

@@ -62,11 +62,11 @@ func readNested(raw []byte, inner string, lax, trackDepth bool) (Nested, error) 
 }
 
 // readObject reads the object that comes next, its members' values token by
-// token so that depth records the deepest nesting (whole, when depth is
-// nil); the members of the one
-// member object that descend picks are read into inner on the way. members
-// keeps a loop of its own: storing inner makes this function's result
-// escape, and a caller's stack array passed to MembersInto must not.
+// token so that depth records the deepest nesting (each value whole when
+// depth is nil); the members of the one member object that descend picks
+// are read into inner on the way. members keeps a loop of its own: storing
+// inner makes this function's result escape, and a caller's stack array
+// passed to MembersInto must not.
 func readObject(d *jsontext.Decoder, raw []byte, lax bool, depth *int, descend func([]byte) bool, inner *[]Member) ([]Member, error) {
 	if _, err := d.ReadToken(); err != nil {
 		return nil, fail(err, d.InputOffset())
