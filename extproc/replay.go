@@ -41,7 +41,7 @@ func (ex *exchange) replay(rec state.Record, nonce string) *extprocv3.Processing
 		ex.decision(spec.Status)
 		return immediate(res.Status, headers, res.Body, "idemgate_"+spec.Status+"_raw")
 	}
-	return ex.envelope(msg, res.Status, envelope.Extra{HasResult: true, ResultRef: ex.resultRef(res, nonce), Result: res.Body}, marks...)
+	return ex.envelope(msg, res.Status, envelope.Extra{HasResult: true, ResultRef: ex.resultRef(res, nonce), Result: res.Body, ResultJSON: res.BodyJSON}, marks...)
 }
 func lowerASCII(s string) string {
 	for i := 0; i < len(s); i++ {

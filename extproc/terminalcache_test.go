@@ -88,6 +88,32 @@ func TestRepeatedReplaysAreAnsweredFromMemory(t *testing.T) {
 		require.Equal(t, hits, metricValue(t, e.metrics.terminalCache.WithLabelValues("hit")))
 	})
 
+	// Memory checks once whether a stored body is strict JSON; a replay from
+	// it embeds the body exactly as a replay from the store does: JSON as a
+	// value, anything else (here a duplicate name, which parsers read two
+	// ways) as a string.
+	t.Run("a result is embedded as the store's replay embeds it", func(t *testing.T) {
+		for _, body := range []string{`{"id":"tr_6","amount":"6"}`, `{"id":"tr_6","id":"tr_7"}`, `accepted`} {
+			e := newEnv(t, nil, nil)
+			d := fakeDialer{srv: e.srv}
+			fp := preview(t, d, alice, `6`)
+			upstream := func(map[string]string, []byte) upstreamReply {
+				return upstreamReply{status: 201, body: []byte(body)}
+			}
+			require.Equal(t, 201, do(t, d, confirm(`6`, fp), upstream).status)
+			fromStore := do(t, d, confirm(`6`, fp), neverCalled(t))
+			fromMemory := do(t, d, confirm(`6`, fp), neverCalled(t))
+			require.Equal(t, float64(1), metricValue(t, e.metrics.terminalCache.WithLabelValues("hit")), body)
+			require.Equal(t, string(fromStore.body), string(fromMemory.body))
+			got := requireEnvelope(t, fromMemory, 201, "already_completed", false)["result"]
+			if body == `accepted` || strings.Count(body, `"id"`) > 1 {
+				require.Equal(t, body, got)
+			} else {
+				require.Equal(t, map[string]any{"id": "tr_6", "amount": "6"}, got)
+			}
+		}
+	})
+
 	t.Run("terminal_cache_bytes: 0 asks the store every time", func(t *testing.T) {
 		e := newEnv(t, nil, nil)
 		e.cfg = testConfig(t, strings.Replace(testConfigYAML, "limits: {max_body_bytes: 4096}", "limits: {max_body_bytes: 4096, terminal_cache_bytes: 0}", 1))

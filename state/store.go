@@ -147,6 +147,12 @@ type Result struct {
 	// means it was not recorded (a result settled by a person, or written
 	// before this field existed); readers then derive it themselves.
 	Ref string `json:"ref,omitempty"`
+	// BodyJSON reports that Body is known to be strict JSON
+	// (internal/jsonx.Check), so a replay embeds it without checking it
+	// again. Like Record.LeaseExpired it is not stored: the terminal cache
+	// works it out once, on its own copy, when it keeps a record; false
+	// means not known.
+	BodyJSON bool `json:"-"`
 }
 
 // ContentType returns the stored content-type header, if any.

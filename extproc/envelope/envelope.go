@@ -323,6 +323,10 @@ type Extra struct {
 	// valid JSON, else as a JSON string.
 	Result    []byte
 	HasResult bool
+	// ResultJSON reports that Result is known to be strict JSON (checked
+	// once when it was kept in memory): it is embedded without checking it
+	// again.
+	ResultJSON bool
 	// ResultStatus is the original HTTP status (status route only).
 	ResultStatus int
 	// Detail says what exactly was wrong with the request (invalid_json,
@@ -406,7 +410,11 @@ func (s *Set) RenderTo(dst []byte, m Message, traceID string, originalStatus int
 			b = strconv.AppendInt(b, int64(x.ResultStatus), 10)
 		}
 		b = append(b, `,"result":`...)
-		b = AppendJSONOrString(b, x.Result)
+		if x.ResultJSON && len(x.Result) > 0 {
+			b = append(b, x.Result...)
+		} else {
+			b = AppendJSONOrString(b, x.Result)
+		}
 	}
 	b = append(b, `,"trace_id":`...)
 	b = AppendString(b, traceID)

@@ -136,6 +136,23 @@ func TestResultEmbedding(t *testing.T) {
 	require.Equal(t, `"\"\ufffd\""`, string(AppendJSONOrString(nil, []byte("\"\xff\""))))
 }
 
+// A result already known to be strict JSON (the terminal cache checks it
+// once) is embedded as it is, without a second parse; nothing else changes.
+func TestResultKnownToBeJSON(t *testing.T) {
+	set, err := Compile("en", nil, testOp)
+	require.NoError(t, err)
+	render := func(x Extra) map[string]any {
+		var got map[string]any
+		require.NoError(t, json.Unmarshal(set.Render(AlreadyCompleted, "t", 201, x).Body, &got))
+		return got
+	}
+	body := []byte(`{"id":"tr_1"}`)
+	known := render(Extra{HasResult: true, ResultRef: "tr_1", Result: body, ResultJSON: true})
+	require.Equal(t, render(Extra{HasResult: true, ResultRef: "tr_1", Result: body}), known)
+	require.Equal(t, map[string]any{"id": "tr_1"}, known["result"])
+	require.Nil(t, render(Extra{HasResult: true, ResultRef: "n", ResultJSON: true})["result"], "an empty result is null, flag or not")
+}
+
 func TestTextIsWhatTheEnvelopeCarries(t *testing.T) {
 	set, err := Compile("en", nil, testOp)
 	require.NoError(t, err)

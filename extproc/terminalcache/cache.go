@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemgate/idemgate/internal/jsonx"
 	"github.com/idemgate/idemgate/state"
 )
 
@@ -84,6 +85,7 @@ func (c *Cache) Put(rec state.Record, now time.Time) bool {
 	if size > c.maxBytes/8 {
 		return false
 	}
+	rec.Result = checked(rec.Result)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if el, ok := c.byKey[rec.Key]; ok {
@@ -111,6 +113,18 @@ func (c *Cache) remove(el *list.Element) {
 	e := c.lru.Remove(el).(*entry)
 	delete(c.byKey, e.rec.Key)
 	c.used -= e.size
+}
+
+// checked returns the copy of r the cache keeps: the same, with BodyJSON
+// worked out, so that every replay answered from memory embeds the body
+// without parsing it again. The caller's r is not changed (it may be shared).
+func checked(r *state.Result) *state.Result {
+	if r == nil || r.BodyJSON || len(r.Body) == 0 {
+		return r
+	}
+	c := *r
+	c.BodyJSON = jsonx.Check(r.Body) == nil
+	return &c
 }
 
 func sizeOf(rec state.Record) int64 {

@@ -28,7 +28,7 @@ func TestKeepsTerminalRecordsUntilTheyExpire(t *testing.T) {
 			t.Fatalf("%s: not kept", st)
 		}
 		got, ok := c.Get(rec.Key, t0.Add(59*time.Minute))
-		if !ok || got.State != st || got.Result != rec.Result || got.ParamHash != "hash" {
+		if !ok || got.State != st || string(got.Result.Body) != string(rec.Result.Body) || got.ParamHash != "hash" {
 			t.Fatalf("%s: Get = %+v, %v", st, got, ok)
 		}
 	}
@@ -37,6 +37,37 @@ func TestKeepsTerminalRecordsUntilTheyExpire(t *testing.T) {
 	}
 	if c.Len() != 0 {
 		t.Fatalf("an expired entry is kept: Len = %d", c.Len())
+	}
+}
+
+// Whether a kept body is strict JSON is worked out once, when it is kept,
+// on the cache's own copy: a replay from memory embeds it without parsing
+// it again, and what the caller put is left as it was.
+func TestKnowsWhetherAKeptBodyIsJSON(t *testing.T) {
+	c := New(1 << 20)
+	for i, tc := range []struct {
+		body string
+		json bool
+	}{
+		{`{"id":"tr_1"}`, true},
+		{` [1, 2] `, true},
+		{`{oops`, false},
+		{`{"a":1,"a":2}`, false}, // a duplicate name: two parsers, two values
+		{"\"\xff\"", false},     // invalid UTF-8
+		{"", false},             // nothing to embed: rendered as null
+	} {
+		rec := record(i+10, state.Done, 0)
+		rec.Result.Body = []byte(tc.body)
+		if !c.Put(rec, t0) {
+			t.Fatalf("%q: not kept", tc.body)
+		}
+		if rec.Result.BodyJSON {
+			t.Fatalf("%q: the caller's result was changed", tc.body)
+		}
+		got, _ := c.Get(rec.Key, t0)
+		if got.Result.BodyJSON != tc.json || string(got.Result.Body) != tc.body {
+			t.Fatalf("%q: kept BodyJSON=%v body %q, want %v", tc.body, got.Result.BodyJSON, got.Result.Body, tc.json)
+		}
 	}
 }
 
