@@ -53,8 +53,8 @@ func TestKnowsWhetherAKeptBodyIsJSON(t *testing.T) {
 		{` [1, 2] `, true},
 		{`{oops`, false},
 		{`{"a":1,"a":2}`, false}, // a duplicate name: two parsers, two values
-		{"\"\xff\"", false},     // invalid UTF-8
-		{"", false},             // nothing to embed: rendered as null
+		{"\"\xff\"", false},      // invalid UTF-8
+		{"", false},              // nothing to embed: rendered as null
 	} {
 		rec := record(i+10, state.Done, 0)
 		rec.Result.Body = []byte(tc.body)
