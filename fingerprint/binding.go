@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -79,9 +80,22 @@ type pathStep struct {
 }
 
 type bindChecker struct {
-	path      []pathStep
+	path []pathStep
+	// keys holds the keys of every small object being walked, outermost
+	// first: one stack shared by all levels of the recursion, so that no
+	// level's frame carries an array of its own. Deep frames made the walk
+	// of a nested body (an MCP tool call's arguments) the point where a
+	// gRPC worker's stack, shrunk by the GC while idle, had to be grown
+	// and copied again.
+	keys      []string
 	offending []string
 }
+
+// bindCheckers keeps checkers with their path and key stacks between
+// requests, so a check allocates nothing unless it reports.
+var bindCheckers = sync.Pool{New: func() any {
+	return &bindChecker{path: make([]pathStep, 0, 8), keys: make([]string, 0, 4*smallObject)}
+}}
 
 // checkBinding walks doc along the bound paths of root and reports every
 // ambiguous key.
@@ -89,20 +103,24 @@ func checkBinding(doc any, root *bindNode) error {
 	if root == nil || len(root.children) == 0 {
 		return nil
 	}
-	// The path of bodies nested up to eight levels stays on the stack.
-	var space [8]pathStep
-	c := bindChecker{path: space[:0]}
+	c := bindCheckers.Get().(*bindChecker)
 	c.walk(doc, root)
-	if len(c.offending) == 0 {
+	offending := c.offending
+	// Drop the document's strings before the checker waits in the pool.
+	clear(c.path[:cap(c.path)])
+	clear(c.keys[:cap(c.keys)])
+	c.path, c.keys, c.offending = c.path[:0], c.keys[:0], nil
+	bindCheckers.Put(c)
+	if len(offending) == 0 {
 		return nil
 	}
-	slices.Sort(c.offending)
-	c.offending = slices.Compact(c.offending)
-	if len(c.offending) > maxReportedPaths {
-		more := len(c.offending) - maxReportedPaths
-		c.offending = append(c.offending[:maxReportedPaths], fmt.Sprintf("(%d more)", more))
+	slices.Sort(offending)
+	offending = slices.Compact(offending)
+	if len(offending) > maxReportedPaths {
+		more := len(offending) - maxReportedPaths
+		offending = append(offending[:maxReportedPaths], fmt.Sprintf("(%d more)", more))
 	}
-	return &AmbiguousKeyError{Paths: c.offending}
+	return &AmbiguousKeyError{Paths: offending}
 }
 
 // walk checks v, reached along the bound tree at node. Inside a bound value
@@ -111,44 +129,57 @@ func (c *bindChecker) walk(v any, node *bindNode) {
 	switch v := v.(type) {
 	case map[string]any:
 		if len(v) > smallObject {
-			c.checkLargeObject(v, node)
-			for k, child := range v {
-				if next := node.next(k); next != nil {
-					c.walkMember(k, child, next)
-				}
-			}
+			c.walkLargeObject(v, node)
 			return
 		}
 		// Small objects (nearly every request body): the keys are read
-		// into an array on the stack once, for the check and the walk.
-		var space [smallObject]string
-		keys := space[:0]
+		// once onto the key stack, for the check and the walk. Deeper
+		// levels push theirs above them; a push that reallocates leaves
+		// these in the old array, which keys still reads.
+		base := len(c.keys)
 		for k := range v {
-			keys = append(keys, k)
+			c.keys = append(c.keys, k)
 		}
+		keys := c.keys[base:]
 		c.checkKeys(keys, node)
 		for _, k := range keys {
 			if next := node.next(k); next != nil {
 				c.walkMember(k, v[k], next)
 			}
 		}
+		c.keys = c.keys[:base]
 	case []any:
-		if !node.bound {
-			// Only the indexed elements are on a bound path.
-			for seg, next := range node.children {
-				if i := arrayIndex(seg); i >= 0 && i < len(v) {
-					c.push(pathStep{index: i, isIndex: true})
-					c.walk(v[i], next)
-					c.pop()
-				}
+		c.walkArray(v, node)
+	}
+}
+
+// walkLargeObject is walk for an object of more than smallObject keys.
+func (c *bindChecker) walkLargeObject(v map[string]any, node *bindNode) {
+	c.checkLargeObject(v, node)
+	for k, child := range v {
+		if next := node.next(k); next != nil {
+			c.walkMember(k, child, next)
+		}
+	}
+}
+
+// walkArray is walk for an array.
+func (c *bindChecker) walkArray(v []any, node *bindNode) {
+	if !node.bound {
+		// Only the indexed elements are on a bound path.
+		for seg, next := range node.children {
+			if i := arrayIndex(seg); i >= 0 && i < len(v) {
+				c.push(pathStep{index: i, isIndex: true})
+				c.walk(v[i], next)
+				c.pop()
 			}
-			return
 		}
-		for i, e := range v {
-			c.push(pathStep{index: i, isIndex: true})
-			c.walk(e, node.next(strconv.Itoa(i)))
-			c.pop()
-		}
+		return
+	}
+	for i, e := range v {
+		c.push(pathStep{index: i, isIndex: true})
+		c.walk(e, node.next(strconv.Itoa(i)))
+		c.pop()
 	}
 }
 

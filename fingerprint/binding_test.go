@@ -56,6 +56,32 @@ func TestBindingRefusesAmbiguousKeysInLargeObjects(t *testing.T) {
 	requireAmbiguous(t, bindParams, b.String(), []string{`$["AMOUNT"]`, `$["amount"]`})
 }
 
+// The walk keeps the keys of every object it is inside on one stack. A body
+// nested deep enough to outgrow that stack mid-walk still has every object
+// checked: the members after the deep one (here "b", whichever the map
+// yields first) are walked from the keys read before it grew. Checkers are
+// reused, so a clean body after an ambiguous one must come out clean.
+func TestBindingWalksBodiesThatOutgrowItsKeyStack(t *testing.T) {
+	deep := `1`
+	for level := range 8 {
+		var b strings.Builder
+		fmt.Fprintf(&b, `{"next":%s`, deep)
+		for j := range 15 {
+			fmt.Fprintf(&b, `,"k%d_%02d":%d`, level, j, j)
+		}
+		b.WriteString("}")
+		deep = b.String()
+	}
+	params := []fingerprint.Param{{Path: "order"}}
+	ambiguous := `{"order":{"a":` + deep + `,"b":{"x":1,"X":2}}}`
+	clean := `{"order":{"a":` + deep + `,"b":{"x":1,"y":2}}}`
+	for range 20 {
+		requireAmbiguous(t, params, ambiguous, []string{`$["order"]["b"]["X"]`, `$["order"]["b"]["x"]`})
+		_, err := bindSelect(t, params, clean)
+		require.NoError(t, err)
+	}
+}
+
 // withFillers adds n keys no param names (and that fold onto no other
 // key) to every object of body, keeping its order of members otherwise.
 func withFillers(body string, n int) string {

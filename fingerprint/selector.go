@@ -253,10 +253,16 @@ type Params struct {
 // ErrAmbiguousValue. Both are security-relevant: the caller should report
 // them, not just answer invalid_params.
 func (s *Selector) Select(d Document, pathVars map[string]string) (Params, error) {
-	doc := d.root
-	if err := checkBinding(doc, s.bound); err != nil {
+	if err := checkBinding(d.root, s.bound); err != nil {
 		return Params{}, err
 	}
+	return s.selectValues(d.root, pathVars)
+}
+
+// selectValues is Select after the binding check. It is a function of its
+// own so that its large frame (the value spans, the canonicaliser) is not
+// on the stack while the binding check recurses through the body.
+func (s *Selector) selectValues(doc any, pathVars map[string]string) (Params, error) {
 	type span struct{ start, end int }
 	var spanBuf [16]span
 	spans := spanBuf[:0]
