@@ -133,14 +133,10 @@ func (ex *exchange) acquire(claims fingerprint.Claims, headersOnly bool) (*extpr
 // given back in the background so the retry the agent is told to make is
 // not answered in_progress for the whole lease.
 //
-// A terminal record this replica has read before is answered from memory:
-// it cannot have changed. The memory answers only when scope, subject tag
-// and param hash all match, stricter than the stores (which compare the
-// param hash); anything else goes to the store, which answers it.
+// A terminal record this replica has read before is answered from memory
+// (knownTerminal).
 func (ex *exchange) storeAcquire(claims fingerprint.Claims, owner string) (state.Answer, error) {
-	if rec, ok := ex.srv.terminals.Get(claims.Nonce, ex.srv.now()); ok &&
-		rec.Scope == ex.op.Scope && rec.SubjectTag == claims.SubjectTag && rec.ParamHash == claims.ParamHash {
-		ex.srv.metrics.terminalHits.Inc()
+	if rec, ok := ex.knownTerminal(claims); ok {
 		return state.Answer{Outcome: state.OutcomeOf(rec.State), Record: rec}, nil
 	}
 	ttl := ex.srv.cfg.TTL
@@ -153,10 +149,31 @@ func (ex *exchange) storeAcquire(claims fingerprint.Claims, owner string) (state
 	if mayHaveWritten(err) {
 		ex.srv.abandons.pursue(ex.ctx, state.Claim{Key: claims.Nonce, Owner: owner, Fence: 1}, ex.op.Name)
 	}
-	if err == nil && (ans.Outcome == state.OutcomeDone || ans.Outcome == state.OutcomeFailed) && ex.srv.terminals.Put(ans.Record, ex.srv.now()) {
-		ex.srv.metrics.terminalKept.Inc()
+	if err == nil && (ans.Outcome == state.OutcomeDone || ans.Outcome == state.OutcomeFailed) {
+		ex.keepTerminal(ans.Record)
 	}
 	return ans, err
+}
+
+// knownTerminal returns the terminal record this replica read before for
+// the token's nonce: it cannot have changed. The memory answers only when
+// scope, subject tag and param hash all match, stricter than the stores
+// (which compare the param hash); anything else goes to the store, which
+// answers it.
+func (ex *exchange) knownTerminal(claims fingerprint.Claims) (state.Record, bool) {
+	rec, ok := ex.srv.terminals.Get(claims.Nonce, ex.srv.now())
+	if !ok || rec.Scope != ex.op.Scope || rec.SubjectTag != claims.SubjectTag || rec.ParamHash != claims.ParamHash {
+		return state.Record{}, false
+	}
+	ex.srv.metrics.terminalHits.Inc()
+	return rec, true
+}
+
+// keepTerminal keeps rec in the replica's memory if it is terminal.
+func (ex *exchange) keepTerminal(rec state.Record) {
+	if ex.srv.terminals.Put(rec, ex.srv.now()) {
+		ex.srv.metrics.terminalKept.Inc()
+	}
 }
 
 // answer turns a store answer into the reply. attempt bounds the follow-up

@@ -89,6 +89,34 @@ func TestExpiredFingerprintConsultsTheRecord(t *testing.T) {
 		requireEnvelope(t, res, 409, "needs_reconciliation", false)
 	})
 
+	// The replica's memory of terminal records answers an expired token's
+	// replay as it answers an unexpired one: the store is read once, then
+	// not again; and a record remembered before the expiry is not read at
+	// all. Same answer every time.
+	t.Run("a replay after the expiry is answered from memory once read", func(t *testing.T) {
+		e := newEnv(t, nil, nil)
+		d := fakeDialer{srv: e.srv}
+		fp := preview(t, d, alice, `6`)
+		require.Equal(t, 201, do(t, d, confirm(body(`6`, fp)), newPayments().handle).status)
+		e.clock.Advance(ttlFingerprint + time.Second)
+		first := do(t, d, confirm(body(`6`, fp)), neverCalled(t))
+		requireEnvelope(t, first, 201, "already_completed", false)
+		require.Equal(t, 1, e.store.Calls("get"))
+		for range 2 {
+			again := do(t, d, confirm(body(`6`, fp)), neverCalled(t))
+			require.Equal(t, string(first.body), string(again.body))
+		}
+		require.Equal(t, 1, e.store.Calls("get"), "an expired replay read the store again")
+		require.Equal(t, float64(2), metricValue(t, e.metrics.terminalCache.WithLabelValues("hit")))
+
+		fp = preview(t, d, alice, `7`)
+		require.Equal(t, 201, do(t, d, confirm(body(`7`, fp)), newPayments().handle).status)
+		requireEnvelope(t, do(t, d, confirm(body(`7`, fp)), neverCalled(t)), 201, "already_completed", false)
+		e.clock.Advance(ttlFingerprint + time.Second)
+		requireEnvelope(t, do(t, d, confirm(body(`7`, fp)), neverCalled(t)), 201, "already_completed", false)
+		require.Equal(t, 1, e.store.Calls("get"), "a record remembered before the expiry was read again")
+	})
+
 	t.Run("nothing ever acquired: fingerprint_expired", func(t *testing.T) {
 		e := newEnv(t, nil, nil)
 		d := fakeDialer{srv: e.srv}

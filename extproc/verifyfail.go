@@ -34,6 +34,12 @@ func (ex *exchange) expired(token string, expect fingerprint.Expect) (*extprocv3
 	if err != nil {
 		return ex.verifyFailed(err, claims, false), true
 	}
+	// A terminal record read before is answered from memory, as for an
+	// unexpired token: an agent that keeps replaying after the expiry is
+	// not a store read each time.
+	if rec, ok := ex.knownTerminal(claims); ok {
+		return ex.replay(rec, claims.Nonce), true
+	}
 	// On a store failure "expired, nothing was executed" may be false: the
 	// answer is temporarily_unavailable, nothing definite.
 	rec, found, failed := ex.readRecord(claims.Nonce)
@@ -50,6 +56,7 @@ func (ex *exchange) expired(token string, expect fingerprint.Expect) (*extprocv3
 		ex.securityEvent(security.ReasonStoreParamMismatch, claims, nil)
 		return ex.envelope(envelope.ParamsChanged, 0, envelope.Extra{}), true
 	}
+	ex.keepTerminal(rec)
 	return ex.expiredAnswer(rec, claims), true
 }
 
