@@ -105,7 +105,7 @@ store:
   postgres:
     dsn: "{{.PostgresDSN}}"
 {{- end}}
-ttl: {fingerprint: 15m, in_flight: 2m, terminal: 72h}
+ttl: {fingerprint: 1h, in_flight: 2m, terminal: 72h}
 limits: {max_body_bytes: 1048576, max_json_depth: 32{{if .NoTerminalCache}}, terminal_cache_bytes: 0{{end}}}
 messages: {language: en}
 drain: {period: 0s, timeout: 2s}
