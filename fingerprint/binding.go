@@ -94,8 +94,16 @@ type bindChecker struct {
 // bindCheckers keeps checkers with their path and key stacks between
 // requests, so a check allocates nothing unless it reports.
 var bindCheckers = sync.Pool{New: func() any {
-	return &bindChecker{path: make([]pathStep, 0, 8), keys: make([]string, 0, 4*smallObject)}
+	return &bindChecker{path: make([]pathStep, 0, pooledPathSteps), keys: make([]string, 0, pooledKeys)}
 }}
+
+// The stacks a pooled checker starts with. One that a large or deep body
+// grew past them is left to the GC instead of pooled: every check clears
+// its pooled stacks whole.
+const (
+	pooledPathSteps = 8
+	pooledKeys      = 4 * smallObject
+)
 
 // checkBinding walks doc along the bound paths of root and reports every
 // ambiguous key.
@@ -106,11 +114,13 @@ func checkBinding(doc any, root *bindNode) error {
 	c := bindCheckers.Get().(*bindChecker)
 	c.walk(doc, root)
 	offending := c.offending
-	// Drop the document's strings before the checker waits in the pool.
-	clear(c.path[:cap(c.path)])
-	clear(c.keys[:cap(c.keys)])
-	c.path, c.keys, c.offending = c.path[:0], c.keys[:0], nil
-	bindCheckers.Put(c)
+	if cap(c.path) <= pooledPathSteps && cap(c.keys) <= pooledKeys {
+		// Drop the document's strings before the checker waits in the pool.
+		clear(c.path[:cap(c.path)])
+		clear(c.keys[:cap(c.keys)])
+		c.path, c.keys, c.offending = c.path[:0], c.keys[:0], nil
+		bindCheckers.Put(c)
+	}
 	if len(offending) == 0 {
 		return nil
 	}

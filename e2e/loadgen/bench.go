@@ -164,8 +164,8 @@ func (b *bench) needsIdemgate() bool {
 		o.selected(scConfirmPostgres) || o.selected(scMemory)
 }
 
-// benchFingerprintTTL is how long the fingerprints the tool mints live; the
-// idemgate config it writes has the same ttl.fingerprint. It outlasts a
+// benchFingerprintTTL is how long the fingerprints the tool mints live, and
+// the ttl.fingerprint of the idemgate config it writes. It outlasts a
 // whole run: the replay pools are confirmed once, at the start of the
 // through-Envoy table, and a replay of an expired fingerprint takes another
 // path (extproc's expired: the record read, not acquired), so with the

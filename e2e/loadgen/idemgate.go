@@ -72,6 +72,10 @@ type idemgateSettings struct {
 	NoTerminalCache bool
 }
 
+// FingerprintTTL is ttl.fingerprint: the lifetime of the fingerprints the
+// tool mints itself (benchFingerprintTTL), so both agree.
+func (idemgateSettings) FingerprintTTL() string { return benchFingerprintTTL.String() }
+
 // The operations (HTTP and MCP) and limits mirror envoy/idemgate.yaml; the store is the
 // scenario's; logging is at warn so logs cost nothing per request; the
 // drain period is zero because nothing drains between runs.
@@ -105,7 +109,7 @@ store:
   postgres:
     dsn: "{{.PostgresDSN}}"
 {{- end}}
-ttl: {fingerprint: 1h, in_flight: 2m, terminal: 72h}
+ttl: {fingerprint: {{.FingerprintTTL}}, in_flight: 2m, terminal: 72h}
 limits: {max_body_bytes: 1048576, max_json_depth: 32{{if .NoTerminalCache}}, terminal_cache_bytes: 0{{end}}}
 messages: {language: en}
 drain: {period: 0s, timeout: 2s}

@@ -90,7 +90,7 @@ func NewPreviewBlock(text string) PreviewBlock {
 // Fill returns the block with the fingerprint and its expiry in place of
 // the placeholders: what TextBlock makes of the text with them replaced.
 func (p PreviewBlock) Fill(fingerprint, expiresAt string) []byte {
-	if needsEscape(fingerprint) || needsEscape(expiresAt) {
+	if !jsonx.WrittenAsIs(fingerprint) || !jsonx.WrittenAsIs(expiresAt) {
 		// Not a value idemgate signs; rendered the slow, general way.
 		r := strings.NewReplacer(fingerprintPlaceholder, fingerprint, expiresAtPlaceholder, expiresAt)
 		return TextBlock(nil, r.Replace(p.text))
@@ -116,17 +116,6 @@ func (p PreviewBlock) Fill(fingerprint, expiresAt string) []byte {
 			t = t[1:]
 		}
 	}
-}
-
-// needsEscape reports whether s holds a byte a JSON string must escape, or
-// one outside ASCII.
-func needsEscape(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
-			return true
-		}
-	}
-	return false
 }
 
 // ToolResult is what an MCP client shows its model of an idemgate answer:

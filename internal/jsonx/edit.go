@@ -231,6 +231,19 @@ func AppendElements(raw []byte, elems ...[]byte) []byte {
 
 const hexDigits = "0123456789abcdef"
 
+// WrittenAsIs reports whether AppendString writes s between its quotes
+// byte for byte: s is printable ASCII without '"' or '\\'. (Some non-ASCII
+// is written as is too, but not all: this answers no for any of it.) A
+// caller filling a pre-rendered JSON template with s may then copy bytes.
+func WrittenAsIs(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
 // AppendString appends s as a JSON string with the escaping of Go's
 // encoding/json when HTML escaping is off: '"' and '\\' escaped with a
 // backslash; \b \f \n \r \t in short form; every other byte below 0x20 as

@@ -80,3 +80,16 @@ func FuzzReadInner(f *testing.F) {
 		}
 	})
 }
+
+// FuzzWrittenAsIs: what WrittenAsIs lets through, AppendString writes
+// unchanged between its quotes (so a template may be filled by copying).
+func FuzzWrittenAsIs(f *testing.F) {
+	for _, s := range []string{"eyJ2IjoxfQ.sig-_", "2026-12-07T03:00:00Z", `a"b`, `a\b`, "tab\there", "caf\u00e9", "\u2028", "\xff", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if jsonx.WrittenAsIs(s) {
+			require.Equal(t, `"`+s+`"`, string(jsonx.AppendString(nil, s)))
+		}
+	})
+}
