@@ -135,6 +135,43 @@ type server struct {
 
 func startServe(t *testing.T, path string) *server {
 	t.Helper()
+	// A port FreePort found may be taken by another package's test before
+	// serve binds it (the packages run in parallel): serve then stops
+	// with "failed to listen" and another pair of ports is tried.
+	for attempt := 1; ; attempt++ {
+		s := launchServe(t, path)
+		ready := func() bool { return strings.Contains(s.stderr.String(), "\nready\n") }
+		deadline := time.Now().Add(30 * time.Second)
+		for !ready() && time.Now().Before(deadline) {
+			select {
+			case <-s.done:
+			case <-time.After(10 * time.Millisecond):
+				continue
+			}
+			break
+		}
+		if ready() {
+			t.Cleanup(func() {
+				s.cancel()
+				select {
+				case <-s.done:
+				case <-time.After(10 * time.Second):
+				}
+			})
+			return s
+		}
+		s.cancel()
+		<-s.done
+		if s.err != nil && strings.Contains(s.err.Error(), "failed to listen") && attempt < 3 {
+			continue
+		}
+		t.Fatalf("serve did not print its ready line: returned %v; stderr:\n%s", s.err, s.stderr.String())
+	}
+}
+
+// launchServe starts idemgate serve on two ports that were free a moment ago.
+func launchServe(t *testing.T, path string) *server {
+	t.Helper()
 	s := &server{
 		grpcAddr:  fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)),
 		adminAddr: fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)),
@@ -147,14 +184,6 @@ func startServe(t *testing.T, path string) *server {
 		s.err = Main(ctx, []string{"serve", "--config", path, "--grpc-listen", s.grpcAddr, "--admin-listen", s.adminAddr}, io.Discard, s.stderr)
 		close(s.done)
 	}()
-	require.Eventually(t, func() bool { return strings.Contains(s.stderr.String(), "\nready\n") }, 10*time.Second, 10*time.Millisecond, "no ready line")
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-s.done:
-		case <-time.After(10 * time.Second):
-		}
-	})
 	return s
 }
 
