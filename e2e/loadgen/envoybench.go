@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -18,8 +19,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	goredis "github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/idemgate/idemgate/e2e/demoauth"
 	"github.com/idemgate/idemgate/e2e/loadgen/report"
@@ -38,11 +43,14 @@ const (
 	evAttachedOther = "envoy+idemgate other-path"
 	evNoop          = "envoy+noop"
 	// evAnswer is the floor with a replay's message count (2).
-	evAnswer  = "envoy+noop-answer"
-	evIO      = "envoy+io-floor"
-	evPreview = "envoy+preview"
-	evConfirm = "envoy+confirm-tiered"
-	evReplay  = "envoy+replay"
+	evAnswer = "envoy+noop-answer"
+	// evNoopReplay is that floor sending idemgate's own replay answer: the
+	// same 2 messages with the same bytes (the same-answer floor of a replay).
+	evNoopReplay = "envoy+noop-replay"
+	evIO         = "envoy+io-floor"
+	evPreview    = "envoy+preview"
+	evConfirm    = "envoy+confirm-tiered"
+	evReplay     = "envoy+replay"
 	// The replay again on an idemgate that keeps no terminal records in
 	// memory (limits.terminal_cache_bytes: 0): every replay reads the store.
 	evReplayStore = "envoy+replay store-read"
@@ -93,6 +101,7 @@ var envoyColumnDescriptions = map[string]string{
 	evPreviewMTLS:               "(c) as envoy+preview, the ext_proc channel over mutual TLS: idemgate serves grpc_tls (TLS 1.2+, client certificate required and its SAN checked), Envoy's idemgate cluster carries the UpstreamTlsContext `idemgate envoy-config` writes (client certificate, idemgate's CA and SAN, ALPN h2). Envoy keeps its HTTP/2 connections, so the handshake is paid once per connection, not per request.",
 	evPreviewUnix:               "(c) as envoy+preview, the ext_proc channel over a unix socket (grpc_listen: unix:///…, Envoy's cluster on a pipe address): the sidecar shape of k8s/envoy-gateway.",
 	evAnswer:                    "(b) Envoy + the answering no-op server (this tool with -serve answer, on idemgate's gRPC transport): CONTINUE to the request headers, then to the request body an immediate response of its own (200, a fixed JSON body, Idempotent-Replayed: true), as idemgate answers a replay: 2 messages per request, no store call, the upstream not called. Sent the confirms of envoy+replay (the same pool, round-robin). Expected: 200 with Idempotent-Replayed: true.",
+	evNoopReplay:                "(b) the same-answer floor of a replay: the answering no-op server (-serve answer) sending, instead of its own short answer, idemgate's answer to one replay of the pool captured through Envoy at setup (status, the headers idemgate sets, the envelope with the stored result, the details), its own Envoy: the same 2 messages with the bytes idemgate sends, none of idemgate's work (no parsing, verifying, lookup or rendering). Sent the confirms of envoy+replay. Expected: 200 with Idempotent-Replayed: true.",
 	evNoopBodyOnly:              "(b) as envoy+noop, the no-op server (-serve noop-bodyonly) switching the response headers off in its reply to the request headers, as idemgate does for a body-only preview: 3 messages per request; Envoy's ext_proc filter also asks for response_attributes: [response.code]. Preview requests.",
 	evPlainHeaderAuth:           "(a) as envoy, with jwt_authn replaced by a header-only stand-in (a header_mutation filter setting x-idemgate-subject): Envoy alone when authentication costs as little as one header filter. Preview requests.",
 	evPreviewHeaderAuth:         "(c) as envoy+preview, with the header-only stand-in for jwt_authn.",
@@ -118,7 +127,7 @@ var envoyColumnDescriptions = map[string]string{
 // -envoy-rounds' default, so that every default rotated round measures it
 // back to back, Envoy alone first (headerAuthPairBackToBack): the pair gets no
 // rounds of its own, its ratio has no target.
-var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evPlainHeaderAuth, evPlainOtherHeaderAuth, evAttachedOtherHeaderAuth, evNoop, evNoopBodyOnly, evNoopEdit, evAnswer, evIO, evPreview, evPreviewBodyOnly, evPreviewHeaderAuth, evPreviewBodyOnlyHeaderAuth, evPreviewMTLS, evPreviewUnix, evConfirm, evReplay, evReplayStore, evNoopMCP, evNoopEditMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
+var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evPlainHeaderAuth, evPlainOtherHeaderAuth, evAttachedOtherHeaderAuth, evNoop, evNoopBodyOnly, evNoopEdit, evAnswer, evNoopReplay, evIO, evPreview, evPreviewBodyOnly, evPreviewHeaderAuth, evPreviewBodyOnlyHeaderAuth, evPreviewMTLS, evPreviewUnix, evConfirm, evReplay, evReplayStore, evNoopMCP, evNoopEditMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
 
 // idemgateColumns are the columns idemgate serves.
 var idemgateColumns = []string{evPreview, evPreviewHeaderAuth, evConfirm, evReplay, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay, evAttachedOther, evAttachedOtherHeaderAuth}
@@ -381,6 +390,9 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	if err := e.fillReplayPool(ctx); err != nil {
 		return err
 	}
+	if err := e.startSameAnswerFloor(ctx, clusters(noopAddr)); err != nil {
+		return err
+	}
 	return e.fillMCPReplayPool(ctx)
 }
 
@@ -412,29 +424,14 @@ func (e *envoyBench) compareEditAnswers(ctx context.Context) error {
 		contentLength string
 	}
 	get := func(column string, r *httpRequest) (answer, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+e.envoys[column].ListenAddr+r.path, bytes.NewReader(r.body))
+		resp, err := e.send(ctx, column, r)
 		if err != nil {
 			return answer{}, err
 		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", r.auth)
-		for i := 0; i+1 < len(r.headers); i += 2 {
-			req.Header.Set(r.headers[i], r.headers[i+1])
+		if resp.status != http.StatusOK {
+			return answer{}, fmt.Errorf("%s answered %d: %s", column, resp.status, resp.body)
 		}
-		c := http.Client{Timeout: 15 * time.Second}
-		resp, err := c.Do(req)
-		if err != nil {
-			return answer{}, fmt.Errorf("%s: %w", column, err)
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return answer{}, fmt.Errorf("%s: %w", column, err)
-		}
-		if resp.StatusCode != http.StatusOK {
-			return answer{}, fmt.Errorf("%s answered %s: %s", column, resp.Status, body)
-		}
-		return answer{body: len(body), header: len(resp.Header.Get("Idempotency-Fingerprint")), contentLength: resp.Header.Get("Content-Length")}, nil
+		return answer{body: len(resp.body), header: len(resp.header.Get("Idempotency-Fingerprint")), contentLength: resp.header.Get("Content-Length")}, nil
 	}
 	preview := &httpRequest{path: previewPath, auth: e.tokens[0], body: previewBytes}
 	call := &httpRequest{path: mcpPath, auth: e.tokens[0], body: mcpCallBody(1, mcpPreviewTool, previewBytes), headers: mcpHeaders(mcpPreviewTool)}
@@ -463,6 +460,121 @@ func (e *envoyBench) compareEditAnswers(ctx context.Context) error {
 		return nil
 	}
 	e.table.Notes = append(e.table.Notes, "The same-answer floor's answers had the sizes of idemgate's, checked on one request each at setup: "+strings.Join(same, "; ")+".")
+	return nil
+}
+
+// sentAnswer is what one request sent through a column's Envoy received.
+type sentAnswer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// send sends one request through a column's Envoy on a connection of its own.
+func (e *envoyBench) send(ctx context.Context, column string, r *httpRequest) (sentAnswer, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+e.envoys[column].ListenAddr+r.path, bytes.NewReader(r.body))
+	if err != nil {
+		return sentAnswer{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", r.auth)
+	for i := 0; i+1 < len(r.headers); i += 2 {
+		req.Header.Set(r.headers[i], r.headers[i+1])
+	}
+	c := http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Do(req)
+	if err != nil {
+		return sentAnswer{}, fmt.Errorf("%s: %w", column, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return sentAnswer{}, fmt.Errorf("%s: %w", column, err)
+	}
+	return sentAnswer{status: resp.StatusCode, header: resp.Header, body: body}, nil
+}
+
+// replayAnswerHeaders are the headers idemgate sets on a replay's envelope
+// (extproc's envelopeReply and replay); Envoy adds the others to every
+// local reply alike.
+var replayAnswerHeaders = []string{"content-type", "retry-after", "idempotent-replayed", "idempotency-key"}
+
+// startSameAnswerFloor starts the same-answer floor of a replay and its
+// Envoy: one confirm of the replay pool is replayed through idemgate, and
+// -serve answer sends that answer (status, the headers idemgate set, body,
+// and the details idemgate gives Envoy) to every request body. Later
+// replays differ from it only in values of the same length (the nonce, the
+// trace id), so the floor prices the bytes idemgate sends. A note says so,
+// with one answer of each compared.
+func (e *envoyBench) startSameAnswerFloor(ctx context.Context, clusters map[string]string) error {
+	if len(e.replay) == 0 {
+		return errors.New("the same-answer replay floor needs a replay pool")
+	}
+	r := e.confirmRequest(e.replay[0])
+	idem, err := e.send(ctx, evReplay, r)
+	if err != nil {
+		return err
+	}
+	var envelope struct {
+		Status string `json:"status"`
+	}
+	if idem.status != http.StatusOK || idem.header.Get("Idempotent-Replayed") != "true" || json.Unmarshal(idem.body, &envelope) != nil || envelope.Status == "" {
+		return fmt.Errorf("%s: a replay answered %d %s", evReplay, idem.status, idem.body)
+	}
+	immediate := &extprocv3.ImmediateResponse{
+		Status:  &typev3.HttpStatus{Code: typev3.StatusCode(idem.status)},
+		Headers: &extprocv3.HeaderMutation{},
+		Body:    idem.body,
+		Details: "idemgate_" + envelope.Status,
+	}
+	for _, name := range replayAnswerHeaders {
+		if v := idem.header.Get(name); v != "" {
+			immediate.Headers.SetHeaders = append(immediate.Headers.SetHeaders,
+				&corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: name, RawValue: []byte(v)}})
+		}
+	}
+	reply, err := protojson.Marshal(immediate)
+	if err != nil {
+		return err
+	}
+	srv, addr, err := e.b.startFloor(ctx, "answer", "-answer-reply", string(reply))
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, srv)
+	e.extProcPid[evNoopReplay] = srv.pid()
+	clusters[envoytest.IdemgateCluster] = addr
+	p, err := startEnvoy(ctx, e.bin, e.dir, evNoopReplay, envoytest.Edits{Clusters: clusters})
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, p)
+	e.envoys[evNoopReplay] = p
+
+	again, err := e.send(ctx, evReplay, e.confirmRequest(e.replay[len(e.replay)-1]))
+	if err != nil {
+		return err
+	}
+	floor, err := e.send(ctx, evNoopReplay, r)
+	if err != nil {
+		return err
+	}
+	describe := func(a sentAnswer) string {
+		var hs []string
+		for _, name := range replayAnswerHeaders {
+			if v := a.header.Get(name); v != "" {
+				hs = append(hs, fmt.Sprintf("%s %d bytes", name, len(v)))
+			}
+		}
+		return fmt.Sprintf("%d, body %d bytes, %s", a.status, len(a.body), strings.Join(hs, ", "))
+	}
+	if describe(floor) != describe(again) {
+		e.table.Notes = append(e.table.Notes, fmt.Sprintf("The same-answer replay floor's answer did NOT have the sizes of idemgate's: %s: %s; %s: %s.",
+			evNoopReplay, describe(floor), evReplay, describe(again)))
+		return nil
+	}
+	e.table.Notes = append(e.table.Notes, fmt.Sprintf("The same-answer replay floor (%s) sends idemgate's replay answer captured at setup; checked against another replay: %s.",
+		evNoopReplay, describe(floor)))
 	return nil
 }
 
@@ -558,7 +670,7 @@ func expectedLabel(column string) string {
 		return "200 " + markSignedBody
 	case evConfirm:
 		return "200 " + markKey
-	case evReplay, evReplayStore, evAnswer:
+	case evReplay, evReplayStore, evAnswer, evNoopReplay:
 		return "200 " + markReplayed
 	case evNoopMCP, evMCPUnguarded:
 		return "200 " + markRPC
@@ -586,7 +698,7 @@ func (e *envoyBench) source(column string, c int) (httpSource, error) {
 			return nil, err
 		}
 		return &confirmHTTPSource{e: e, items: items}, nil
-	case evReplay, evReplayStore, evAnswer:
+	case evReplay, evReplayStore, evAnswer, evNoopReplay:
 		return &confirmHTTPSource{e: e, items: e.replay, cycle: true, limit: uint64(float64(o.budgetRate) * cell)}, nil
 	case evNoopMCP, evMCPUnguarded:
 		return &mcpSource{tool: mcpUnguardedTool, tokens: e.tokens, args: previewBytes, limit: uint64(float64(o.budgetRate) * cell)}, nil
@@ -864,7 +976,7 @@ func (e *envoyBench) checkUpstream(column string, c, round int, res *httpResult,
 		if want := res.all[expectedLabel(column)]; d.ConfirmsWithKey != want || d.Previews != 0 {
 			problems = append(problems, fmt.Sprintf("the upstream executed %d confirms and %d previews, the client saw %d executed", d.ConfirmsWithKey, d.Previews, want))
 		}
-	case evReplay, evReplayStore, evMCPReplay, evAnswer:
+	case evReplay, evReplayStore, evMCPReplay, evAnswer, evNoopReplay:
 		if d.Confirms != 0 || d.Previews != 0 {
 			problems = append(problems, fmt.Sprintf("replays reached the upstream (%d confirms, %d previews)", d.Confirms, d.Previews))
 		}
@@ -954,6 +1066,10 @@ func (e *envoyBench) finish() {
 			Note: "a unix socket against TCP loopback for the ext_proc channel."},
 		{Name: "envoy+replay / envoy", Num: evReplay, Den: evPlain, Target: 0.70, TargetConcurrency: at, Note: "2 ext_proc messages; idemgate answers, the upstream is not called."},
 		{Name: "envoy+replay / envoy+noop-answer", Num: evReplay, Den: evAnswer, Target: 0.90, TargetConcurrency: at, Note: "against the floor with the same 2 messages and an answer of its own."},
+		{Name: "envoy+replay / envoy+noop-replay", Num: evReplay, Den: evNoopReplay, Target: 0.90, TargetConcurrency: at,
+			Note: "against the same-answer floor: the same 2 messages carrying the same bytes (idemgate's replay answer), none of idemgate's work."},
+		{Name: "envoy+noop-replay / envoy+noop-answer", Num: evNoopReplay, Den: evAnswer,
+			Note: "what idemgate's replay answer (the envelope with the stored result, Idempotency-Key) costs Envoy, the client and the server against the short fixed answer."},
 		{Name: "envoy+replay store-read / envoy", Num: evReplayStore, Den: evPlain, Note: "a replay that reads its record from Redis (no memory of terminal records)."},
 		{Name: "envoy+replay store-read / envoy+noop-answer", Num: evReplayStore, Den: evAnswer, Note: "the same against the floor with the same 2 messages."},
 		{Name: "envoy+replay / envoy+replay store-read", Num: evReplay, Den: evReplayStore, Note: "what answering a known replay from memory saves against reading Redis."},

@@ -76,6 +76,10 @@ func TestThroughEnvoyTiny(t *testing.T) {
 	require.Equal(t, "200 "+markSigned, expectedLabel(evNoopEdit))
 	require.Equal(t, "200 "+markSigned+" "+markRPC, expectedLabel(evNoopEditMCP))
 	require.Contains(t, strings.Join(tab.Notes, "\n"), "The same-answer floor's answers had the sizes of idemgate's")
+	// So did the same-answer floor of a replay, which sends idemgate's
+	// replay answer: the envelope with the stored result and its headers.
+	require.Regexp(t, `The same-answer replay floor \(envoy\+noop-replay\) sends idemgate's replay answer captured at setup; checked against another replay: 200, body \d{3,} bytes, content-type 16 bytes, idempotent-replayed 4 bytes, idempotency-key \d+ bytes\.`,
+		strings.Join(tab.Notes, "\n"))
 	// The attach ratio has a round ratio per rotated and per own round at
 	// the target concurrency, one elsewhere.
 	i := slices.IndexFunc(tab.RoundRatios, func(rr report.RoundRatio) bool {
@@ -99,7 +103,8 @@ func TestThroughEnvoyTiny(t *testing.T) {
 	for _, name := range []string{"envoy+preview mtls / envoy+preview", "envoy+preview unix / envoy+preview", "envoy+preview mtls / envoy", "envoy+preview unix / envoy",
 		"envoy+preview bodyonly / envoy", "envoy+preview bodyonly / envoy+noop bodyonly", "envoy+noop bodyonly / envoy+noop",
 		"envoy+preview header-auth / envoy header-auth", "envoy+preview bodyonly header-auth / envoy header-auth",
-		"envoy+preview / envoy+noop-edit", "envoy+noop-edit / envoy+noop", "envoy+mcp-preview / envoy+noop-edit mcp", "envoy+noop-edit mcp / envoy+noop mcp"} {
+		"envoy+preview / envoy+noop-edit", "envoy+noop-edit / envoy+noop",
+		"envoy+replay / envoy+noop-replay", "envoy+noop-replay / envoy+noop-answer", "envoy+mcp-preview / envoy+noop-edit mcp", "envoy+noop-edit mcp / envoy+noop mcp"} {
 		j := slices.IndexFunc(tab.RoundRatios, func(rr report.RoundRatio) bool { return rr.Name == name })
 		require.GreaterOrEqual(t, j, 0, name)
 		require.Len(t, tab.RoundRatios[j].PerConcurrency[4], 1, name)

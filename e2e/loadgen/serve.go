@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/idemgate/idemgate/e2e/loadgen/floor"
 	"github.com/idemgate/idemgate/extproc"
@@ -31,6 +32,9 @@ type serveOptions struct {
 	storeTimeout time.Duration // iofloor: bound of each store call (0: 250ms)
 	// noop-edit: the fixed values its answers carry (floor.EditOptions).
 	editToken, editMCPToken, editExpires, editMCPBlock string
+	// answer: the ImmediateResponse it sends, in protojson (empty: its own
+	// fixed one).
+	answerReply string
 }
 
 // serve runs a floor server as this process's only job, prints "ready" on
@@ -60,6 +64,13 @@ func serve(o serveOptions, stderr io.Writer) error {
 		srv = floor.NoopBodyOnly{}
 	case "answer":
 		srv = floor.Answer{}
+		if o.answerReply != "" {
+			immediate := &extprocv3.ImmediateResponse{}
+			if err := protojson.Unmarshal([]byte(o.answerReply), immediate); err != nil {
+				return fmt.Errorf("-serve answer -answer-reply: %w", err)
+			}
+			srv = floor.NewAnswer(immediate)
+		}
 	case "noop-edit":
 		edit, err := floor.NewEdit(floor.EditOptions{Token: o.editToken, MCPToken: o.editMCPToken, Expires: o.editExpires, MCPBlock: []byte(o.editMCPBlock)})
 		if err != nil {

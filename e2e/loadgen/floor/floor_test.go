@@ -6,6 +6,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -57,6 +58,28 @@ func TestAnswerRepliesAfterTheRequestBody(t *testing.T) {
 		require.Equal(t, extprocdriver.Outcome{Status: 200, Local: true}, out)
 		require.Equal(t, 2, v.Replies)
 		require.False(t, v.UpstreamCalled)
+		require.Equal(t, "true", v.Headers["idempotent-replayed"])
+	}
+}
+
+// TestNewAnswerSendsTheGivenAnswer: the same-answer floor of a replay
+// sends the ImmediateResponse it was given, status, headers and body.
+func TestNewAnswerSendsTheGivenAnswer(t *testing.T) {
+	body := `{"status":"already_completed","result":{"transfer_id":"tr_1"}}`
+	conns := serve(t, NewAnswer(&extprocv3.ImmediateResponse{
+		Status: &typev3.HttpStatus{Code: typev3.StatusCode_Created},
+		Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+			{Header: hv("content-type", "application/json")}, {Header: hv("idempotent-replayed", "true")}, {Header: hv("idempotency-key", "n-1")},
+		}},
+		Body: []byte(body),
+	}))
+	for i := 0; i < 3; i++ {
+		out, v := extprocdriver.EnvoyFilter().Trace(t.Context(), conns.Next(), confirmRequest(), nil)
+		require.Equal(t, extprocdriver.Outcome{Status: 201, Local: true}, out)
+		require.Equal(t, body, string(v.Body))
+		require.Equal(t, 2, v.Replies)
+		require.False(t, v.UpstreamCalled)
+		require.Equal(t, "n-1", v.Headers["idempotency-key"])
 		require.Equal(t, "true", v.Headers["idempotent-replayed"])
 	}
 }

@@ -1,7 +1,8 @@
 // Package floor holds the reference ext_proc servers idemgate is measured
 // against: Noop, the protocol floor (CONTINUE to everything, nothing else),
 // NoopBodyOnly, the same without the response headers (3 messages),
-// Answer, the floor of an answer after the request body (two messages),
+// Answer, the floor of an answer after the request body (two messages;
+// a fixed answer, or idemgate's replay answer passed to NewAnswer),
 // IO, the I/O floor (Noop plus exactly the store round trips of one
 // first-time confirm), and Edit, the same-answer floor (Noop, but answering
 // the response body with the mutations of idemgate's signed preview, fixed
@@ -112,16 +113,28 @@ func answerEach(stream extprocv3.ExternalProcessor_ProcessServer, reply func(*ex
 
 // Answer is the protocol floor of an answer idemgate gives itself after
 // the request body (a replay): CONTINUE to the request headers, then an
-// ImmediateResponse (200, a fixed JSON body, Idempotent-Replayed: true) to
-// the request body. Two messages, no store call, no upstream call.
+// ImmediateResponse to the request body. Two messages, no store call, no
+// upstream call. The zero Answer sends a fixed one of its own (200, a short
+// JSON body, Idempotent-Replayed: true); NewAnswer gives it another: the
+// benchmark passes idemgate's own replay answer, so that floor prices the
+// bytes idemgate sends (the same-answer floor of a replay).
 type Answer struct {
 	extprocv3.UnimplementedExternalProcessorServer
+	reply *extprocv3.ProcessingResponse // nil: fixedAnswer
 }
 
 var _ extprocv3.ExternalProcessorServer = Answer{}
 
-// answerReply is the ImmediateResponse Answer sends, built once.
-var answerReply = &extprocv3.ProcessingResponse{
+// NewAnswer returns the Answer floor that sends immediate to every request
+// body.
+func NewAnswer(immediate *extprocv3.ImmediateResponse) Answer {
+	return Answer{reply: &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: immediate},
+	}}
+}
+
+// fixedAnswer is the reply of the zero Answer, built once.
+var fixedAnswer = &extprocv3.ProcessingResponse{
 	Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
 		Status: &typev3.HttpStatus{Code: typev3.StatusCode_OK},
 		Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
@@ -133,10 +146,14 @@ var answerReply = &extprocv3.ProcessingResponse{
 }
 
 // Process answers one stream.
-func (Answer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+func (a Answer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	reply := a.reply
+	if reply == nil {
+		reply = fixedAnswer
+	}
 	return answerEach(stream, func(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, bool, error) {
 		if _, isBody := req.GetRequest().(*extprocv3.ProcessingRequest_RequestBody); isBody {
-			return answerReply, true, nil
+			return reply, true, nil
 		}
 		resp, err := continueFor(req)
 		return resp, false, err
