@@ -74,19 +74,16 @@ func TestServeGRPCListenOverrideObeysTheRule(t *testing.T) {
 	require.ErrorContains(t, err, "invalid unix socket address")
 
 	path := listenerConfig(t, "grpc_listen: \"0.0.0.0:0\"\ngrpc_plaintext_remote: true")
-	adminAddr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-	stderr := &testutil.SyncBuffer{}
 	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- runServe(ctx, stderr, "--config", path, "--admin-listen", adminAddr) }()
-	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "\nready\n") }, 10*time.Second, 10*time.Millisecond)
-	require.Contains(t, stderr.String(), "PLAINTEXT ON A ROUTABLE ADDRESS: grpc_plaintext_remote is true")
+	run := goServe(ctx, "--config", path, "--admin-listen", "127.0.0.1:0")
+	_, adminAddr := run.awaitReady(t)
+	require.Contains(t, run.stderr.String(), "PLAINTEXT ON A ROUTABLE ADDRESS: grpc_plaintext_remote is true")
 	metrics := httpGet(t, http.DefaultClient, "http://"+adminAddr+"/metrics")
 	require.Contains(t, metrics, `idemgate_listener_plaintext_remote{listener="grpc"} 1`)
 	require.Contains(t, metrics, `idemgate_listener_plaintext_remote{listener="approval"} 0`)
 	require.Contains(t, metrics, `idemgate_security_events_total{reason="peer_refused"} 0`)
 	cancel()
-	require.NoError(t, <-done)
+	require.NoError(t, run.wait())
 }
 
 // TestServeApprovalTLS: approval_tls serves the approvers' API over TLS on
@@ -105,14 +102,9 @@ func TestServeApprovalTLS(t *testing.T) {
 	testutil.WriteFile(t, keyFile, first.KeyPEM)
 	port := testutil.FreePort(t)
 	path := listenerConfig(t, fmt.Sprintf("approval_listen: \"0.0.0.0:%d\"\napproval_tls: {cert_file: %s, key_file: %s}", port, certFile, keyFile))
-	stderr := &testutil.SyncBuffer{}
 	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	adminAddr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-	go func() {
-		done <- runServe(ctx, stderr, "--config", path, "--grpc-listen", "127.0.0.1:0", "--admin-listen", adminAddr)
-	}()
-	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "\nready\n") }, 10*time.Second, 10*time.Millisecond)
+	run := goServe(ctx, "--config", path, "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
+	_, adminAddr := run.awaitReady(t)
 
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Cert)
@@ -143,7 +135,7 @@ func TestServeApprovalTLS(t *testing.T) {
 	require.Contains(t, metrics, `idemgate_tls_reloads_total{listener="approval",result="ok"} 1`)
 	require.Equal(t, float64(second.Cert.NotAfter.Unix()), sampleValue(t, metrics, `idemgate_tls_certificate_expiry_timestamp_seconds{file="cert",listener="approval"}`))
 	cancel()
-	require.NoError(t, <-done)
+	require.NoError(t, run.wait())
 }
 
 func httpGet(t *testing.T, c *http.Client, url string) string {
@@ -176,13 +168,9 @@ func sampleValue(t *testing.T, metrics, sample string) float64 {
 func TestServeApprovalsOnUnixSocket(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "approvals.sock")
 	path := listenerConfig(t, fmt.Sprintf("approval_listen: \"unix://%s\"", sock))
-	stderr := &testutil.SyncBuffer{}
 	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() {
-		done <- runServe(ctx, stderr, "--config", path, "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
-	}()
-	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "\nready\n") }, 10*time.Second, 10*time.Millisecond)
+	run := goServe(ctx, "--config", path, "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
+	run.awaitReady(t)
 	fi, err := os.Stat(sock)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o660), fi.Mode().Perm())
@@ -196,7 +184,7 @@ func TestServeApprovalsOnUnixSocket(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "the approvers' API answers (no token: 401)")
 	cancel()
-	require.NoError(t, <-done)
+	require.NoError(t, run.wait())
 	_, err = os.Stat(sock)
 	require.ErrorIs(t, err, os.ErrNotExist, "removed when serve stops")
 }

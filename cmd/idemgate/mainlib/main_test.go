@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -124,66 +125,74 @@ func TestServeRefusesABadConfigListingEveryProblem(t *testing.T) {
 	require.NotContains(t, errOut.String(), "ready")
 }
 
-// server is idemgate serve running in-process.
+// serveRun is idemgate serve running in-process, started by goServe.
+type serveRun struct {
+	stderr *testutil.SyncBuffer
+	done   chan struct{} // closed when Main returned
+	err    error         // Main's result, once done is closed
+}
+
+// goServe runs idemgate serve with args until ctx is cancelled.
+func goServe(ctx context.Context, args ...string) *serveRun {
+	r := &serveRun{stderr: &testutil.SyncBuffer{}, done: make(chan struct{})}
+	go func() {
+		r.err = Main(ctx, append([]string{"serve"}, args...), io.Discard, r.stderr)
+		close(r.done)
+	}()
+	return r
+}
+
+// wait returns Main's result once it has returned.
+func (r *serveRun) wait() error {
+	<-r.done
+	return r.err
+}
+
+// servingLine is serve's log line naming the addresses it listens on.
+var servingLine = regexp.MustCompile(`msg="idemgate serving" .*\bgrpc=(\S+) admin=(\S+)`)
+
+// awaitReady waits for serve's ready line and returns the gRPC and admin
+// addresses it serves: given port 0, serve picks them itself, so no other
+// process can take a port between choosing and binding it (the test
+// packages run in parallel). If serve returns first, the test fails with
+// its error and output.
+func (r *serveRun) awaitReady(t *testing.T) (grpcAddr, adminAddr string) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for !strings.Contains(r.stderr.String(), "\nready\n") {
+		select {
+		case <-r.done:
+			t.Fatalf("serve returned before it was ready: %v; stderr:\n%s", r.err, r.stderr.String())
+		case <-deadline:
+			t.Fatalf("serve printed no ready line in 30 s; stderr:\n%s", r.stderr.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	m := servingLine.FindStringSubmatch(r.stderr.String())
+	require.NotNil(t, m, "no serving line: %s", r.stderr.String())
+	return m[1], m[2]
+}
+
+// server is idemgate serve running in-process on loopback ports of its
+// choosing, stopped when the test ends.
 type server struct {
+	*serveRun
 	grpcAddr, adminAddr string
-	stderr              *testutil.SyncBuffer
 	cancel              context.CancelFunc
-	done                chan struct{} // closed when Main returned
-	err                 error
 }
 
 func startServe(t *testing.T, path string) *server {
 	t.Helper()
-	// A port FreePort found may be taken by another package's test before
-	// serve binds it (the packages run in parallel): serve then stops
-	// with "failed to listen" and another pair of ports is tried.
-	for attempt := 1; ; attempt++ {
-		s := launchServe(t, path)
-		ready := func() bool { return strings.Contains(s.stderr.String(), "\nready\n") }
-		deadline := time.Now().Add(30 * time.Second)
-		for !ready() && time.Now().Before(deadline) {
-			select {
-			case <-s.done:
-			case <-time.After(10 * time.Millisecond):
-				continue
-			}
-			break
-		}
-		if ready() {
-			t.Cleanup(func() {
-				s.cancel()
-				select {
-				case <-s.done:
-				case <-time.After(10 * time.Second):
-				}
-			})
-			return s
-		}
-		s.cancel()
-		<-s.done
-		if s.err != nil && strings.Contains(s.err.Error(), "failed to listen") && attempt < 3 {
-			continue
-		}
-		t.Fatalf("serve did not print its ready line: returned %v; stderr:\n%s", s.err, s.stderr.String())
-	}
-}
-
-// launchServe starts idemgate serve on two ports that were free a moment ago.
-func launchServe(t *testing.T, path string) *server {
-	t.Helper()
-	s := &server{
-		grpcAddr:  fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)),
-		adminAddr: fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)),
-		stderr:    &testutil.SyncBuffer{},
-		done:      make(chan struct{}),
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s.cancel = cancel
-	go func() {
-		s.err = Main(ctx, []string{"serve", "--config", path, "--grpc-listen", s.grpcAddr, "--admin-listen", s.adminAddr}, io.Discard, s.stderr)
-		close(s.done)
-	}()
+	s := &server{serveRun: goServe(ctx, "--config", path, "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"), cancel: cancel}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-s.done:
+		case <-time.After(10 * time.Second):
+		}
+	})
+	s.grpcAddr, s.adminAddr = s.awaitReady(t)
 	return s
 }
 
