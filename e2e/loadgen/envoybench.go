@@ -121,13 +121,36 @@ var envoyColumnDescriptions = map[string]string{
 	evMCPReplay:    "(c) Envoy + idemgate, replay over MCP: confirm tool calls of fingerprints already DONE (a pool confirmed beforehand, reused round-robin), each with a new JSON-RPC id: idemgate answers the stored result with the current id, the upstream is not called. Expected: a result for the request's id with Idempotent-Replayed: true.",
 }
 
-// envoyColumns lists every column in report order.
+// envoyColumns lists every column in report order, which is also the
+// order of a rotated round (rotatedColumns).
 //
-// The header-auth other-path pair is adjacent, at an index of at least
-// -envoy-rounds' default, so that every default rotated round measures it
-// back to back, Envoy alone first (headerAuthPairBackToBack): the pair gets no
-// rounds of its own, its ratio has no target.
-var envoyColumns = []string{evPlain, evPlainOther, evAttachedOther, evPlainHeaderAuth, evPlainOtherHeaderAuth, evAttachedOtherHeaderAuth, evNoop, evNoopBodyOnly, evNoopEdit, evAnswer, evNoopReplay, evIO, evPreview, evPreviewBodyOnly, evPreviewHeaderAuth, evPreviewBodyOnlyHeaderAuth, evPreviewMTLS, evPreviewUnix, evConfirm, evReplay, evReplayStore, evNoopMCP, evNoopEditMCP, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay}
+// Each guarded column sits next to the floor it is compared with
+// (floorPairs), from an index of at least -envoy-rounds' default on, so
+// that every default rotated round measures the two back to back, seconds
+// apart, rather than up to a round apart: the drift of a shared machine
+// over a round then hits both alike. The header-auth other-path pair is
+// adjacent likewise, Envoy alone first: it gets no rounds of its own, its
+// ratio has no target.
+var envoyColumns = []string{
+	evPlain, evPlainOther, evAttachedOther, evPlainHeaderAuth, evPlainOtherHeaderAuth, evAttachedOtherHeaderAuth,
+	evNoop, evPreview, evNoopEdit,
+	evNoopBodyOnly, evPreviewBodyOnly,
+	evAnswer, evNoopReplay, evReplay, evReplayStore,
+	evIO, evConfirm,
+	evPreviewHeaderAuth, evPreviewBodyOnlyHeaderAuth, evPreviewMTLS, evPreviewUnix,
+	evMCPUnguarded, evNoopMCP, evMCPPreview, evNoopEditMCP,
+	evMCPConfirm, evMCPReplay,
+}
+
+// floorPairs are the columns compared by a ratio to a same-message floor
+// (the no-op floors, the same-answer floors), each pair next to each other
+// in envoyColumns, in that order.
+var floorPairs = [][2]string{
+	{evNoop, evPreview}, {evPreview, evNoopEdit},
+	{evNoopBodyOnly, evPreviewBodyOnly},
+	{evNoopReplay, evReplay},
+	{evMCPUnguarded, evNoopMCP}, {evNoopMCP, evMCPPreview}, {evMCPPreview, evNoopEditMCP},
+}
 
 // idemgateColumns are the columns idemgate serves.
 var idemgateColumns = []string{evPreview, evPreviewHeaderAuth, evConfirm, evReplay, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay, evAttachedOther, evAttachedOtherHeaderAuth}
@@ -798,14 +821,14 @@ func rotatedColumns(round int) []string {
 	return append(slices.Clone(envoyColumns[k:]), envoyColumns[:k]...)
 }
 
-// headerAuthPairBackToBack is how many of the first rounds rotated rounds
-// measure the header-auth other-path pair back to back (the rotation splits
-// it only in the round that starts with its second column).
-func headerAuthPairBackToBack(rounds int) int {
+// backToBack is how many of the first rounds rotated rounds measure second
+// right after first (the rotation splits two adjacent columns only in the
+// round that starts with the second).
+func backToBack(first, second string, rounds int) int {
 	n := 0
 	for r := 0; r < rounds; r++ {
 		order := rotatedColumns(r)
-		if slices.Index(order, evAttachedOtherHeaderAuth) == slices.Index(order, evPlainOtherHeaderAuth)+1 {
+		if slices.Index(order, second) == slices.Index(order, first)+1 {
 			n++
 		}
 	}
@@ -829,6 +852,25 @@ func attachPairRounds(n int) [][2]string {
 		}
 	}
 	return rounds
+}
+
+// floorPairNames lists floorPairs for the report.
+func floorPairNames() string {
+	names := make([]string, len(floorPairs))
+	for i, p := range floorPairs {
+		names[i] = p[0] + " then " + p[1]
+	}
+	return strings.Join(names, "; ")
+}
+
+// minBackToBack is the fewest of the first rounds rotated rounds in which
+// one of pairs is measured back to back.
+func minBackToBack(pairs [][2]string, rounds int) int {
+	least := rounds
+	for _, p := range pairs {
+		least = min(least, backToBack(p[0], p[1], rounds))
+	}
+	return least
 }
 
 // targetConcurrency is the concurrency the ratio targets are set at: 64,
@@ -1119,7 +1161,8 @@ func (e *envoyBench) finish() {
 	t.Settings = []string{
 		fmt.Sprintf("%d rounds × %s measured per cell after %s warm-up; per concurrency every column once per round, the order rotated by one each round.", o.envoyRounds, o.envoyDuration, o.envoyWarmup),
 		fmt.Sprintf("The attach ratio (envoy+idemgate other-path / envoy other-path) targets a difference smaller than one round's spread, and in the rotated rounds its two cells can be a whole round apart. So at c=%d the two columns get %d more rounds of their own after the rotated ones: the two cells back to back, which goes first alternating. Their figures, CPU split and round ratios at c=%d include these rounds (%d in all).", at, o.envoyAttachRounds, at, o.envoyRounds+o.envoyAttachRounds),
-		fmt.Sprintf("The same pair with the header-only stand-in (envoy other-path header-auth, envoy+idemgate other-path header-auth) has no target and no rounds of its own: the two are next to each other in the column order, so %d of the %d rotated rounds measure them back to back, Envoy alone first.", headerAuthPairBackToBack(o.envoyRounds), o.envoyRounds),
+		fmt.Sprintf("The same pair with the header-only stand-in (envoy other-path header-auth, envoy+idemgate other-path header-auth) has no target and no rounds of its own: the two are next to each other in the column order, so %d of the %d rotated rounds measure them back to back, Envoy alone first.", backToBack(evPlainOtherHeaderAuth, evAttachedOtherHeaderAuth, o.envoyRounds), o.envoyRounds),
+		fmt.Sprintf("Each same-message floor sits next to the guarded column it is compared with in the column order (%s), so %d of the %d rotated rounds measure each such pair back to back, seconds apart.", floorPairNames(), minBackToBack(floorPairs, o.envoyRounds), o.envoyRounds),
 		"Load client: c workers, each with its own keep-alive HTTP/1.1 connection to Envoy (one http.Transport limited to one connection per worker), each sending its next request when the previous answer has been read; new connections per cell, opened in the warm-up. A Go client rather than wrk because every first-time confirm needs its own body (a distinct fingerprint) and every answer is classified by its status and idemgate's headers; its cost per request is the same in every column.",
 		"Upstream: a minimal fast HTTP server (this tool with -serve upstream) answering the payments API's quote and transfer JSON as fixed bytes, rather than the demo payments API, so every column pays the same small upstream cost and the differences are Envoy's, ext_proc's and idemgate's; it counts what reaches it for the checks above.",
 		"Envoy: --concurrency 2 (the machine's cores), --disable-hot-restart, access log (the shipped stdout logger) to a file; one Envoy per ext_proc target, all started before the first cell.",

@@ -303,7 +303,13 @@ func TestFlags(t *testing.T) {
 	cells := len(envoyColumns)*3*o.envoyRounds + 2*o.envoyAttachRounds
 	require.LessOrEqual(t, time.Duration(cells)*(o.envoyDuration+o.envoyWarmup+200*time.Millisecond), 20*time.Minute)
 	// Instead, every default rotated round measures that pair back to back.
-	require.Equal(t, o.envoyRounds, headerAuthPairBackToBack(o.envoyRounds))
+	require.Equal(t, o.envoyRounds, backToBack(evPlainOtherHeaderAuth, evAttachedOtherHeaderAuth, o.envoyRounds))
+	// So does every pair a same-message floor target compares, the floor
+	// and its guarded column.
+	for _, p := range floorPairs {
+		require.Equal(t, o.envoyRounds, backToBack(p[0], p[1], o.envoyRounds), "%s then %s", p[0], p[1])
+	}
+	require.Equal(t, o.envoyRounds, minBackToBack(floorPairs, o.envoyRounds))
 
 	for _, tc := range []struct {
 		args []string
