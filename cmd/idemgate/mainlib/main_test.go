@@ -136,7 +136,7 @@ type serveRun struct {
 func goServe(ctx context.Context, args ...string) *serveRun {
 	r := &serveRun{stderr: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	go func() {
-		r.err = Main(ctx, append([]string{"serve"}, args...), io.Discard, r.stderr)
+		r.err = runServe(ctx, r.stderr, args...)
 		close(r.done)
 	}()
 	return r
