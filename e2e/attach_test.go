@@ -48,6 +48,20 @@ func (u *lenientUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case p == "/v1/transfers/preview":
 		_, _ = io.WriteString(w, `{"quote":{"fee":"0.50"},"amount":"100.00","currency":"EUR"}`)
+	case p == "/mcp" && bytes.Contains(body, []byte("transfer_preview")):
+		// A JSON-RPC result for the call's id, as JSON or (X-Test-Sse) as an
+		// event stream after a progress notification.
+		var call struct {
+			ID json.RawMessage `json:"id"`
+		}
+		_ = json.Unmarshal(body, &call)
+		msg := `{"jsonrpc":"2.0","id":` + string(call.ID) + `,"result":{"content":[{"type":"text","text":"fee 0.50"}],"structuredContent":{"quote":{"fee":"0.50"}}}}`
+		if r.Header.Get("X-Test-Sse") == "" {
+			_, _ = io.WriteString(w, msg)
+			return
+		}
+		w.Header().Set("content-type", "text/event-stream")
+		_, _ = io.WriteString(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":\"p1\",\"progress\":1}}\n\nevent: message\ndata: "+msg+"\n\n")
 	case p == "/v1/transfers/confirm" || p == "/mcp" && bytes.Contains(body, []byte("transfer_confirm")):
 		u.mu.Lock()
 		u.executed++
@@ -248,6 +262,15 @@ func TestAttachedAsTheREADMESaysNothingBypassesIdemgate(t *testing.T) {
 	require.False(t, *r.Envelope.Retryable)
 }
 
+// extProcMessagesSentBy is how many ext_proc messages Envoy sent while do
+// ran (one request at a time).
+func extProcMessagesSentBy(t *testing.T, e *stack.Envoy, do func()) int64 {
+	t.Helper()
+	before := extProcMessagesSent(t, e)
+	do()
+	return extProcMessagesSent(t, e) - before
+}
+
 // extProcMessagesSent is Envoy's count of ext_proc messages sent so far
 // (the one ext_proc filter's stream_msgs_sent, whatever its stat prefix).
 func extProcMessagesSent(t *testing.T, e *stack.Envoy) int64 {
@@ -289,11 +312,7 @@ func TestAttachedBodyOnlyPreviewCostsThreeMessages(t *testing.T) {
 		t.Fatal("no transfer operation in the e2e config")
 	})
 	transfer := []byte(`{"amount":"100.00","currency":"EUR","payee":{"account_id":"DE89"},"memo":"rent"}`)
-	sent := func(do func()) int64 {
-		before := extProcMessagesSent(t, e)
-		do()
-		return extProcMessagesSent(t, e) - before
-	}
+	sent := func(do func()) int64 { return extProcMessagesSentBy(t, e, do) }
 
 	var fp string
 	require.Equal(t, int64(3), sent(func() {
@@ -341,4 +360,51 @@ func TestAttachedBodyOnlyPreviewCostsThreeMessages(t *testing.T) {
 	executed, unchecked := up.counts()
 	require.Equal(t, 1, executed)
 	require.Empty(t, unchecked)
+}
+
+// TestAttachedMCPPreviewCostsThreeMessages: with the MCP operation's
+// mcp.preview_response_headers: false the pieces ask Envoy for
+// response.code, and a 2026-07-28 call of the preview tool (Mcp-Name names
+// it) skips its response headers: 3 ext_proc messages, the fingerprint in
+// the result, JSON and event stream alike (Envoy sends the rewritten body
+// chunked). A call without the mirrored headers keeps all four.
+func TestAttachedMCPPreviewCostsThreeMessages(t *testing.T) {
+	alice, e, _, g := attached(t, func(doc map[string]any) {
+		for _, op := range doc["operations"].([]any) {
+			if m, ok := op.(map[string]any)["mcp"].(map[string]any); ok {
+				m["preview_response_headers"] = false
+				return
+			}
+		}
+		t.Fatal("no MCP operation in the e2e config")
+	})
+	call := []byte(`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"transfer_preview","arguments":{"amount":"100.00","currency":"EUR","payee":{"account_id":"DE89"}}}}`)
+	modern := []string{"Accept: application/json, text/event-stream", "MCP-Protocol-Version: 2026-07-28", "Mcp-Method: tools/call", "Mcp-Name: transfer_preview"}
+	preview := func(want int64, headers ...string) {
+		t.Helper()
+		var r *stack.Response
+		require.Equal(t, want, extProcMessagesSentBy(t, e, func() {
+			var err error
+			r, err = alice.Raw("/mcp", call, stack.WithLength, headers...)
+			require.NoError(t, err)
+		}), "%v", headers)
+		require.Equal(t, 200, r.StatusCode, "%s", r)
+		raw := r.Body
+		if strings.HasPrefix(r.Header.Get("Content-Type"), "text/event-stream") {
+			_, raw, _ = bytes.Cut(r.Body, []byte("data: {\"jsonrpc\":\"2.0\",\"id\":7,"))
+			raw = append([]byte(`{"jsonrpc":"2.0","id":7,`), bytes.TrimSpace(raw)...)
+		}
+		var msg struct {
+			Result struct {
+				StructuredContent map[string]any `json:"structuredContent"`
+				Content           []any          `json:"content"`
+			} `json:"result"`
+		}
+		require.NoError(t, json.Unmarshal(raw, &msg), "%s", r)
+		require.NotEmpty(t, msg.Result.StructuredContent["fingerprint"], "%s\nidemgate's log:\n%s", r, g.Log())
+		require.Len(t, msg.Result.Content, 2, "%s", r)
+	}
+	preview(3, modern...)
+	preview(3, append(modern, "X-Test-Sse: 1")...)
+	preview(4, "Accept: application/json, text/event-stream")
 }

@@ -45,10 +45,13 @@ type mcpExchange struct {
 	// state is idemgate's requestState it carried, opened (nil: none).
 	input mcp.InputRound
 	state *requeststate.State
-	// The upstream response.
-	status    int
-	sse       bool
-	hasLength bool
+	// The upstream response. sawResponseHeaders: they were sent (always,
+	// but for a preview whose response headers were switched off, see
+	// previewStatusFromAttribute).
+	status             int
+	sse                bool
+	hasLength          bool
+	sawResponseHeaders bool
 }
 
 // mcpRequestHeaders starts a stream to an MCP endpoint. The body decides what
@@ -102,7 +105,25 @@ func (ex *exchange) mcpRequestHeaders(req *extprocv3.ProcessingRequest, h *extpr
 			return ex.mcpProtocolError(413, mcp.InvalidRequest, "request too large: at most "+strconv.FormatInt(ex.srv.cfg.Limits.MaxBodyBytes, 10)+" bytes"), true
 		}
 	}
+	if m.previewStatusFromAttribute() {
+		ex.previewBodyOnly = true
+		return requestHeadersReply(nil, previewBodyOnlyMode), false
+	}
 	return requestHeadersReply(nil, nil), false
+}
+
+// previewStatusFromAttribute reports whether the headers name the preview
+// tool of an operation whose preview reads its status from response.code
+// (mcp.preview_response_headers: false): its response headers can then be
+// switched off before the body is read. The body decides as always: one
+// that is not that call is refused for disagreeing with the headers, or is
+// the call of an older client (no Mcp-Name), which keeps all four messages.
+func (m *mcpExchange) previewStatusFromAttribute() bool {
+	if m.version < mcp.HeaderVersion || !m.hasHeaderMethod || m.headerMethod != "tools/call" || !m.hasHeaderName {
+		return false
+	}
+	t, guarded := m.ep.Tools[m.headerName]
+	return guarded && t.Kind == config.KindPreview && t.Op.MCP.PreviewStatusFromAttribute
 }
 
 // mcpPassThrough lets a message the idempotency gate has no business with go

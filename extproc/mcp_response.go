@@ -22,7 +22,7 @@ func (ex *exchange) mcpResponseHeaders(h *extprocv3.HttpHeaders) (*extprocv3.Pro
 	if m.kind == mcpPass || (m.kind == mcpTool && ex.kind == config.KindConfirm && ex.claimPhase != claimLetThrough) {
 		return responseHeadersReply(nil, noResponseBodyMode), true
 	}
-	m.status = responseStatus(h)
+	m.status, m.sawResponseHeaders = responseStatus(h), true
 	ct, _ := headerValue(h.GetHeaders(), hdrContentType)
 	m.sse = strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), "text/event-stream")
 	_, m.hasLength = headerValue(h.GetHeaders(), hdrContentLength)
@@ -70,11 +70,39 @@ func (ex *exchange) mcpResponseBody(body []byte) (*extprocv3.ProcessingResponse,
 		// The upstream's answer reaches the client unchanged.
 		return responseBodyReply(nil, nil, false), true
 	case m.kind == mcpTool && ex.kind == config.KindPreview:
+		if ex.previewBodyOnly && !m.sawResponseHeaders {
+			if pass := ex.mcpPreviewWithoutHeaders(body); pass != nil {
+				return pass, true
+			}
+		}
 		return ex.mcpRewrite(body, ex.mcpInjectPreview), true
 	case m.kind == mcpList:
 		return ex.mcpRewrite(body, ex.mcpAugmentList), true
 	}
 	return responseBodyReply(nil, nil, false), true
+}
+
+// mcpPreviewWithoutHeaders prepares the rewrite of a preview whose response
+// headers Envoy did not send (mcp.preview_response_headers: false): they
+// are on their way to the client, so Envoy drops any header set now and
+// sends the new body chunked. The status is Envoy's response.code: without
+// a 2xx one the answer passes unsigned (a missing attribute means the
+// filter lacks response_attributes: [response.code], and no fingerprint is
+// the safe side: no confirm can follow). The framing comes from the body
+// (mcp.SniffEventStream). It returns the pass-through reply, or nil when
+// the body is to be rewritten.
+func (ex *exchange) mcpPreviewWithoutHeaders(body []byte) *extprocv3.ProcessingResponse {
+	switch st := ex.respStatus; {
+	case st == 0:
+		ex.logger().Error("the response.code attribute is missing: Envoy's ext_proc filter must list response_attributes: [response.code] (idemgate envoy-config does) for an MCP preview with mcp.preview_response_headers: false; preview passed through without a fingerprint")
+		ex.decision("status_unknown")
+		return responseBodyReply(nil, nil, false)
+	case st < 200 || st > 299:
+		ex.decision("passed_through")
+		return responseBodyReply(nil, nil, false)
+	}
+	ex.mcp.status, ex.mcp.sse, ex.mcp.hasLength = ex.respStatus, mcp.SniffEventStream(body), false
+	return nil
 }
 
 // mcpRewrite replaces the final response in body by what edit makes of it,

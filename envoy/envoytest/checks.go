@@ -230,7 +230,7 @@ func CheckExtProc(ep *extprocv3.ExternalProcessor, c *IdemgateConfig) error {
 	}
 	for _, op := range c.Operations {
 		if op.ReadsResponseCode() && !slices.Contains(ep.GetResponseAttributes(), "response.code") {
-			errs = append(errs, fmt.Errorf("response_attributes must include response.code: operation %s's preview has fingerprint_header: false and reads the status from it (without it every such preview goes unsigned)", op.Name))
+			errs = append(errs, fmt.Errorf("response_attributes must include response.code: operation %s's preview skips its response headers (fingerprint_header: false, or mcp.preview_response_headers: false) and reads the status from it (without it every such preview goes unsigned)", op.Name))
 			break
 		}
 	}

@@ -79,14 +79,21 @@ type Operation struct {
 	// (docs/design.md §9) instead of three routes.
 	MCP *struct {
 		Endpoint string `json:"endpoint"`
+		// PreviewResponseHeaders is mcp.preview_response_headers (nil:
+		// default true).
+		PreviewResponseHeaders *bool `json:"preview_response_headers"`
 	} `json:"mcp"`
 }
 
 // ReadsResponseCode reports whether the operation's preview skips its
-// response headers (preview.fingerprint_header: false), so the ext_proc
-// filter must send response.code.
+// response headers (preview.fingerprint_header: false, or an MCP
+// operation's mcp.preview_response_headers: false), so the ext_proc filter
+// must send response.code.
 func (o Operation) ReadsResponseCode() bool {
-	return o.MCP == nil && o.Preview.FingerprintHeader != nil && !*o.Preview.FingerprintHeader
+	if o.MCP != nil {
+		return o.MCP.PreviewResponseHeaders != nil && !*o.MCP.PreviewResponseHeaders
+	}
+	return o.Preview.FingerprintHeader != nil && !*o.Preview.FingerprintHeader
 }
 
 // ConfirmPath is the path a confirm takes: the confirm route, or an MCP

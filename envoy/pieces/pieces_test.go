@@ -162,4 +162,9 @@ func TestResponseCodeAttributeForABodyOnlyPreview(t *testing.T) {
 	bodyOnly := strings.Replace(templatedConfig, `path: "/v1/accounts/{account}/payouts/preview"}`, `path: "/v1/accounts/{account}/payouts/preview", fingerprint_header: false}`, 1)
 	require.NotEqual(t, templatedConfig, bodyOnly)
 	require.Equal(t, []string{"response.code"}, attrs(bodyOnly))
+
+	require.Empty(t, attrs(mcpConfig))
+	mcpBodyOnly := strings.Replace(mcpConfig, "mcp: {endpoint: /mcp,", "mcp: {preview_response_headers: false, endpoint: /mcp,", 1)
+	require.NotEqual(t, mcpConfig, mcpBodyOnly)
+	require.Equal(t, []string{"response.code"}, attrs(mcpBodyOnly), "an MCP preview whose response headers are skipped")
 }

@@ -28,6 +28,15 @@ type MCPSpec struct {
 	// requires it; an older or hand-written server may not check), so off
 	// by default: idemgate then reads every request body on the endpoint.
 	TrustUpstreamHeaders bool `yaml:"trust_upstream_headers"`
+	// PreviewResponseHeaders (default true) sends idemgate the preview
+	// tool's response headers. false: a 2026-07-28 call of the preview tool
+	// (its Mcp-Name header names it) skips that ext_proc message, one of
+	// four, and idemgate reads the upstream's status from Envoy's
+	// response.code attribute, which the filter must then send (idemgate
+	// envoy-config asks for it). An MCP preview's fingerprint lives in the
+	// result alone, so nothing else is lost (docs/performance.md "Fewer
+	// messages per stream").
+	PreviewResponseHeaders *bool `yaml:"preview_response_headers"`
 }
 
 // MCPTools is the compiled mcp block of an operation.
@@ -38,6 +47,10 @@ type MCPTools struct {
 	StatusTool  string
 	// TrustUpstreamHeaders is mcp.trust_upstream_headers.
 	TrustUpstreamHeaders bool
+	// PreviewStatusFromAttribute: mcp.preview_response_headers is false, so
+	// a preview call named by its Mcp-Name header skips its response
+	// headers and reads the status from response.code.
+	PreviewStatusFromAttribute bool
 }
 
 // MCPEndpoint is one MCP endpoint path with every guarded tool on it.
@@ -105,6 +118,9 @@ func (c *compiler) mcpOperation(op *Operation, o *OperationSpec, at func(...any)
 	m := o.MCP
 	tools := &MCPTools{Endpoint: m.Endpoint, PreviewTool: m.PreviewTool, ConfirmTool: m.ConfirmTool, StatusTool: m.StatusTool,
 		TrustUpstreamHeaders: m.TrustUpstreamHeaders}
+	if h := m.PreviewResponseHeaders; h != nil {
+		tools.PreviewStatusFromAttribute = !*h
+	}
 	switch {
 	case m.Endpoint == "":
 		c.errorf(at("mcp", "endpoint"), "required: the MCP endpoint's path, e.g. /mcp")
@@ -182,6 +198,9 @@ func writeMCPSummary(b *strings.Builder, op *Operation, downstream string) {
 	m := op.MCP
 	fmt.Fprintf(b, "    mcp      POST %s (tools/list: %s gains a required %s argument, %s is added)\n", m.Endpoint, m.ConfirmTool, op.FingerprintField, m.StatusTool)
 	fmt.Fprintf(b, "    preview  tool %s  successful results get %s in structuredContent and a text block\n", m.PreviewTool, op.FingerprintField)
+	if m.PreviewStatusFromAttribute {
+		b.WriteString("             its response headers skipped: the status is Envoy's response.code (3 ext_proc messages)\n")
+	}
 	if op.HonoursKeys() {
 		downstream += fmt.Sprintf(" and params._meta[%q]", MCPIdempotencyMetaKey)
 	}

@@ -166,7 +166,7 @@ func TestMCPBadConfigs(t *testing.T) {
     mcp: {endpoint: /mcp, preview_tool: p, confirm_tool: c, status_tool: s, tools: []}
     params: [amount]
 `, []string{
-			"mcp.yaml:6:77: operations[0].mcp.tools: unknown key \"tools\" (known keys: confirm_tool, endpoint, preview_tool, status_tool, trust_upstream_headers)",
+			"mcp.yaml:6:77: operations[0].mcp.tools: unknown key \"tools\" (known keys: confirm_tool, endpoint, preview_response_headers, preview_tool, status_tool, trust_upstream_headers)",
 		}},
 	}
 	for _, tc := range cases {
@@ -174,4 +174,28 @@ func TestMCPBadConfigs(t *testing.T) {
 			require.ElementsMatch(t, tc.want, parseErrors(t, "mcp.yaml", mcpHead+tc.yaml, testOptions()))
 		})
 	}
+}
+
+// mcp.preview_response_headers is on unless turned off; off, the
+// operation's preview reads response.code (the filter must send it, and
+// idemgate decodes attributes), and check-config says so.
+func TestMCPPreviewResponseHeaders(t *testing.T) {
+	rt, _, err := Parse("mcp.yaml", []byte(mcpGood), "", testOptions())
+	require.NoError(t, err)
+	require.False(t, rt.Operations[0].PreviewStatusFromAttribute())
+	require.False(t, rt.ReadsResponseCode())
+
+	off := strings.Replace(mcpGood, "mcp: {endpoint: /mcp, preview_tool: transfer_preview,", "mcp: {preview_response_headers: false, endpoint: /mcp, preview_tool: transfer_preview,", 1)
+	require.NotEqual(t, mcpGood, off)
+	rt, _, err = Parse("mcp.yaml", []byte(off), "", testOptions())
+	require.NoError(t, err)
+	require.True(t, rt.Operations[0].PreviewStatusFromAttribute())
+	require.False(t, rt.Operations[1].PreviewStatusFromAttribute(), "per operation")
+	require.True(t, rt.ReadsResponseCode())
+	var b strings.Builder
+	require.NoError(t, rt.WriteSummary(&b, ProcessSummary{}))
+	require.Contains(t, b.String(), "its response headers skipped: the status is Envoy's response.code (3 ext_proc messages)")
+
+	_, _, err = Parse("mcp.yaml", []byte(strings.Replace(off, "preview_response_headers: false", "preview_response_headers: nope", 1)), "", testOptions())
+	require.ErrorContains(t, err, "mcp.yaml:6:37: operations[0].mcp.preview_response_headers: must be true or false")
 }

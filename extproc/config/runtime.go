@@ -180,15 +180,25 @@ type Operation struct {
 // ambiguous outcome.
 func (o *Operation) HonoursKeys() bool { return o.DownstreamHeader != "" }
 
-// ReadsResponseCode reports whether an HTTP operation's preview skips its
-// response headers (preview.fingerprint_header: false) and so reads the
+// ReadsResponseCode reports whether an operation's preview skips its
+// response headers (an HTTP preview's fingerprint_header: false, an MCP
+// operation's mcp.preview_response_headers: false) and so reads the
 // upstream's status from Envoy's response.code attribute: Envoy must be
 // asked for it, and idemgate must decode attributes.
 func (rt *Runtime) ReadsResponseCode() bool {
 	for _, op := range rt.Operations {
-		if op.MCP == nil && !op.PreviewFingerprintHeader {
+		if op.PreviewStatusFromAttribute() {
 			return true
 		}
 	}
 	return false
+}
+
+// PreviewStatusFromAttribute reports whether the operation's preview skips
+// its response headers and reads the status from response.code.
+func (o *Operation) PreviewStatusFromAttribute() bool {
+	if o.MCP != nil {
+		return o.MCP.PreviewStatusFromAttribute
+	}
+	return !o.PreviewFingerprintHeader
 }

@@ -157,3 +157,19 @@ func TestPreviewBlockFill(t *testing.T) {
 		}
 	}
 }
+
+// A JSON-RPC response is an object: anything else is read as events.
+func TestSniffEventStream(t *testing.T) {
+	for body, sse := range map[string]bool{
+		`{"jsonrpc":"2.0","id":1,"result":{}}`: false,
+		" \r\n\t{\"jsonrpc\":\"2.0\"}":         false,
+		"event: message\ndata: {}\n\n":         true,
+		"data: {}\n\n":                         true,
+		": keep-alive\n\ndata: {}\n\n":         true,
+		"\xEF\xBB\xBFdata: {}\n\n":             true,
+		"":                                     true,
+		`[{"jsonrpc":"2.0"}]`:                  true,
+	} {
+		require.Equal(t, sse, SniffEventStream([]byte(body)), "%q", body)
+	}
+}

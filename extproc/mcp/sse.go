@@ -16,6 +16,16 @@ type Event struct {
 	other [][]byte
 }
 
+// SniffEventStream tells an event stream from a JSON body when the
+// content type was not seen: a JSON-RPC response is a JSON object, so a body
+// whose first byte after white space is '{' is JSON, anything else is read
+// as events. A body whose content type says otherwise is one the client
+// cannot read as a response either way, whatever goes into it.
+func SniffEventStream(body []byte) bool {
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	return len(trimmed) == 0 || trimmed[0] != '{'
+}
+
 // ParseSSE splits body into events. Lines end in CRLF, LF or CR; an event
 // is dispatched at a blank line, so trailing lines without one (a stream cut
 // mid-event) form no event, exactly as a client discards them.
