@@ -88,6 +88,11 @@ const (
 	evMCPPreview   = "envoy+mcp-preview"
 	evMCPConfirm   = "envoy+mcp-confirm-tiered"
 	evMCPReplay    = "envoy+mcp-replay"
+	// The MCP preview with mcp.preview_response_headers: false (3
+	// messages) on the body-only preview's idemgate and Envoy, and the
+	// 3-message no-op floor over MCP.
+	evNoopMCPBodyOnly    = "envoy+noop mcp bodyonly"
+	evMCPPreviewBodyOnly = "envoy+mcp-preview bodyonly"
 )
 
 var envoyColumnDescriptions = map[string]string{
@@ -112,13 +117,15 @@ var envoyColumnDescriptions = map[string]string{
 	evReplay:                    "(c) Envoy + idemgate, replay: confirms of fingerprints already DONE (a pool confirmed through Envoy beforehand, reused round-robin): idemgate answers from the record after the request body, the upstream is not called. After the first replay of each fingerprint (in the warm-up) the record comes from idemgate's memory of terminal records (limits.terminal_cache_bytes), not from Redis. Expected: 200 with Idempotent-Replayed: true.",
 	evReplayStore:               "(c) as envoy+replay, on an idemgate of its own with limits.terminal_cache_bytes: 0 (same Redis and PostgreSQL, same pool): every replay reads the record from Redis, as the first replay of a fingerprint on a replica does.",
 
-	evNoopMCP:      "(b) over MCP: Envoy + the no-op ext_proc server, tools/call of " + mcpUnguardedTool + " (a tool no operation guards) to /mcp with Mcp-Method/Mcp-Name headers; the upstream answers it exactly like the preview tool (the quote as structuredContent plus a text block, JSON). 4 messages per request.",
-	evMCPUnguarded: "(c) Envoy + idemgate, the same unguarded tools/call: idemgate reads the body (mcp.trust_upstream_headers is off, the default: the body must agree with Mcp-Method/Mcp-Name), lets it pass and switches the response phases off (3 messages). Expected: a JSON-RPC result for the request's id.",
-	evMCPPreview:   "(c) Envoy + idemgate, tools/call " + mcpPreviewTool + ": idemgate buffers the call, hashes the arguments, and signs a fingerprint into the result's structuredContent and a text block. Expected: a result for the request's id with the fingerprint.",
-	evMCPConfirm:   "(c) Envoy + idemgate, tools/call " + mcpConfirmTool + " with a distinct minted fingerprint in the arguments, tiered store: verify, acquire, the fingerprint taken out of the arguments, the upstream called with Idempotency-Key, complete. Expected: a result for the request's id, the upstream's mark that it saw the key.",
-	evNoopEdit:     "(b) the same-answer floor: Envoy (the filter config of envoy+noop) + a no-op-like server (-serve noop-edit, on idemgate's gRPC transport) that sends the mutations of idemgate's signed preview with none of its work (no JSON parsing, hashing, signing or store): CONTINUE to the request headers and body and the response headers, and to the response body the upstream's quote with the fingerprint and fingerprint_expires_at members inserted before its closing brace (a byte operation), Idempotency-Fingerprint and the new content-length set; then it ends the stream itself, as idemgate does (the no-op server waits for Envoy to close it). Its fixed token and expiry are minted with idemgate's key at setup, so its answers have the sizes of idemgate's. Preview requests. Expected: 200 with Idempotency-Fingerprint.",
-	evNoopEditMCP:  "(b) the same-answer floor over MCP: the noop-edit server on the tools/call " + mcpPreviewTool + " requests of envoy+mcp-preview (the upstream answers the quote): to the response body the result with the two members inserted at the end of structuredContent and idemgate's text block (rendered with extproc/envelope and extproc/mcp around the floor's token) appended to content, by byte operations on the upstream's layout, content-length set. Expected: a result for the request's id with the fingerprint.",
-	evMCPReplay:    "(c) Envoy + idemgate, replay over MCP: confirm tool calls of fingerprints already DONE (a pool confirmed beforehand, reused round-robin), each with a new JSON-RPC id: idemgate answers the stored result with the current id, the upstream is not called. Expected: a result for the request's id with Idempotent-Replayed: true.",
+	evNoopMCP:            "(b) over MCP: Envoy + the no-op ext_proc server, tools/call of " + mcpUnguardedTool + " (a tool no operation guards) to /mcp with Mcp-Method/Mcp-Name headers; the upstream answers it exactly like the preview tool (the quote as structuredContent plus a text block, JSON). 4 messages per request.",
+	evMCPUnguarded:       "(c) Envoy + idemgate, the same unguarded tools/call: idemgate reads the body (mcp.trust_upstream_headers is off, the default: the body must agree with Mcp-Method/Mcp-Name), lets it pass and switches the response phases off (3 messages). Expected: a JSON-RPC result for the request's id.",
+	evMCPPreview:         "(c) Envoy + idemgate, tools/call " + mcpPreviewTool + ": idemgate buffers the call, hashes the arguments, and signs a fingerprint into the result's structuredContent and a text block. Expected: a result for the request's id with the fingerprint.",
+	evMCPConfirm:         "(c) Envoy + idemgate, tools/call " + mcpConfirmTool + " with a distinct minted fingerprint in the arguments, tiered store: verify, acquire, the fingerprint taken out of the arguments, the upstream called with Idempotency-Key, complete. Expected: a result for the request's id, the upstream's mark that it saw the key.",
+	evNoopEdit:           "(b) the same-answer floor: Envoy (the filter config of envoy+noop) + a no-op-like server (-serve noop-edit, on idemgate's gRPC transport) that sends the mutations of idemgate's signed preview with none of its work (no JSON parsing, hashing, signing or store): CONTINUE to the request headers and body and the response headers, and to the response body the upstream's quote with the fingerprint and fingerprint_expires_at members inserted before its closing brace (a byte operation), Idempotency-Fingerprint and the new content-length set; then it ends the stream itself, as idemgate does (the no-op server waits for Envoy to close it). Its fixed token and expiry are minted with idemgate's key at setup, so its answers have the sizes of idemgate's. Preview requests. Expected: 200 with Idempotency-Fingerprint.",
+	evNoopEditMCP:        "(b) the same-answer floor over MCP: the noop-edit server on the tools/call " + mcpPreviewTool + " requests of envoy+mcp-preview (the upstream answers the quote): to the response body the result with the two members inserted at the end of structuredContent and idemgate's text block (rendered with extproc/envelope and extproc/mcp around the floor's token) appended to content, by byte operations on the upstream's layout, content-length set. Expected: a result for the request's id with the fingerprint.",
+	evNoopMCPBodyOnly:    "(b) as envoy+noop mcp, the no-op server of envoy+noop bodyonly (the response headers switched off in its reply to the request headers) and its Envoy (response_attributes: [response.code]): 3 messages per request.",
+	evMCPPreviewBodyOnly: "(c) as envoy+mcp-preview, with mcp.preview_response_headers: false (the idemgate and Envoy of envoy+preview bodyonly): the call's Mcp-Name names the preview tool, so its response headers are switched off at the request headers; 3 messages, the status read from response.code, the framing from the body, the rewritten result sent chunked. Expected: a result for the request's id with the fingerprint.",
+	evMCPReplay:          "(c) Envoy + idemgate, replay over MCP: confirm tool calls of fingerprints already DONE (a pool confirmed beforehand, reused round-robin), each with a new JSON-RPC id: idemgate answers the stored result with the current id, the upstream is not called. Expected: a result for the request's id with Idempotent-Replayed: true.",
 }
 
 // envoyColumns lists every column in report order, which is also the
@@ -139,6 +146,7 @@ var envoyColumns = []string{
 	evIO, evConfirm,
 	evPreviewHeaderAuth, evPreviewBodyOnlyHeaderAuth, evPreviewMTLS, evPreviewUnix,
 	evMCPUnguarded, evNoopMCP, evMCPPreview, evNoopEditMCP,
+	evNoopMCPBodyOnly, evMCPPreviewBodyOnly,
 	evMCPConfirm, evMCPReplay,
 }
 
@@ -150,6 +158,7 @@ var floorPairs = [][2]string{
 	{evNoopBodyOnly, evPreviewBodyOnly},
 	{evNoopReplay, evReplay},
 	{evMCPUnguarded, evNoopMCP}, {evNoopMCP, evMCPPreview}, {evMCPPreview, evNoopEditMCP},
+	{evNoopMCPBodyOnly, evMCPPreviewBodyOnly},
 }
 
 // idemgateColumns are the columns idemgate serves.
@@ -285,7 +294,7 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		return err
 	}
 	e.children = append(e.children, noopBodyOnly)
-	e.extProcPid[evNoopBodyOnly] = noopBodyOnly.pid()
+	e.extProcPid[evNoopBodyOnly], e.extProcPid[evNoopMCPBodyOnly] = noopBodyOnly.pid(), noopBodyOnly.pid()
 	answer, answerAddr, err := b.startFloor(ctx, "answer")
 	if err != nil {
 		return err
@@ -346,7 +355,7 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	}
 	bodyOnly := settings
 	bodyOnly.PreviewBodyOnly = true
-	if e.idemBodyOnly, err = variant("envoy-bodyonly", bodyOnly, false, evPreviewBodyOnly, evPreviewBodyOnlyHeaderAuth); err != nil {
+	if e.idemBodyOnly, err = variant("envoy-bodyonly", bodyOnly, false, evPreviewBodyOnly, evPreviewBodyOnlyHeaderAuth, evMCPPreviewBodyOnly); err != nil {
 		return err
 	}
 	storeRead := settings
@@ -379,8 +388,8 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		{jwtIdemgateColumns, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr)}},
 		{[]string{evPreviewMTLS}, envoytest.Edits{Clusters: clusters(e.idemMTLS.grpcAddr), ClusterTLS: mtlsCluster}},
 		{[]string{evPreviewUnix}, envoytest.Edits{Clusters: clusters(e.idemUnix.grpcAddr)}},
-		{[]string{evNoopBodyOnly}, envoytest.Edits{Clusters: clusters(noopBodyOnlyAddr), ResponseCode: true}},
-		{[]string{evPreviewBodyOnly}, envoytest.Edits{Clusters: clusters(e.idemBodyOnly.grpcAddr), ResponseCode: true}},
+		{[]string{evNoopBodyOnly, evNoopMCPBodyOnly}, envoytest.Edits{Clusters: clusters(noopBodyOnlyAddr), ResponseCode: true}},
+		{[]string{evPreviewBodyOnly, evMCPPreviewBodyOnly}, envoytest.Edits{Clusters: clusters(e.idemBodyOnly.grpcAddr), ResponseCode: true}},
 		{[]string{evReplayStore}, envoytest.Edits{Clusters: clusters(e.idemStoreRead.grpcAddr)}},
 		{[]string{evPlainHeaderAuth, evPlainOtherHeaderAuth}, envoytest.Edits{Clusters: clusters(noopAddr), DropExtProc: true, HeaderAuth: headerAuthSubject}},
 		{[]string{evPreviewHeaderAuth, evAttachedOtherHeaderAuth}, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr), HeaderAuth: headerAuthSubject}},
@@ -695,9 +704,9 @@ func expectedLabel(column string) string {
 		return "200 " + markKey
 	case evReplay, evReplayStore, evAnswer, evNoopReplay:
 		return "200 " + markReplayed
-	case evNoopMCP, evMCPUnguarded:
+	case evNoopMCP, evMCPUnguarded, evNoopMCPBodyOnly:
 		return "200 " + markRPC
-	case evMCPPreview, evNoopEditMCP:
+	case evMCPPreview, evNoopEditMCP, evMCPPreviewBodyOnly:
 		return "200 " + markSigned + " " + markRPC
 	case evMCPConfirm:
 		return "200 " + markKey + " " + markRPC
@@ -723,9 +732,9 @@ func (e *envoyBench) source(column string, c int) (httpSource, error) {
 		return &confirmHTTPSource{e: e, items: items}, nil
 	case evReplay, evReplayStore, evAnswer, evNoopReplay:
 		return &confirmHTTPSource{e: e, items: e.replay, cycle: true, limit: uint64(float64(o.budgetRate) * cell)}, nil
-	case evNoopMCP, evMCPUnguarded:
+	case evNoopMCP, evMCPUnguarded, evNoopMCPBodyOnly:
 		return &mcpSource{tool: mcpUnguardedTool, tokens: e.tokens, args: previewBytes, limit: uint64(float64(o.budgetRate) * cell)}, nil
-	case evMCPPreview, evNoopEditMCP:
+	case evMCPPreview, evNoopEditMCP, evMCPPreviewBodyOnly:
 		return &mcpSource{tool: mcpPreviewTool, tokens: e.tokens, args: previewBytes, limit: uint64(float64(o.budgetRate) * cell)}, nil
 	case evMCPConfirm:
 		n := int(math.Ceil(float64(o.envoyConfirmRate) * cell))
@@ -1124,6 +1133,12 @@ func (e *envoyBench) finish() {
 			Note: "idemgate's own work over MCP: the same tool call and answer, against a server sending the same mutations."},
 		{Name: "envoy+noop-edit mcp / envoy+noop mcp", Num: evNoopEditMCP, Den: evNoopMCP,
 			Note: "what the MCP preview's mutations cost with a server that does nothing else; the two call different tools (" + mcpPreviewTool + ", " + mcpUnguardedTool + "), which the upstream answers alike."},
+		{Name: "envoy+mcp-preview bodyonly / envoy+noop mcp bodyonly", Num: evMCPPreviewBodyOnly, Den: evNoopMCPBodyOnly, Target: 0.90, TargetConcurrency: at,
+			Note: "the MCP preview with mcp.preview_response_headers: false against the no-op floor with the same 3 messages."},
+		{Name: "envoy+mcp-preview bodyonly / envoy+mcp-preview", Num: evMCPPreviewBodyOnly, Den: evMCPPreview,
+			Note: "what skipping the MCP preview's response-headers message saves (3 messages against 4)."},
+		{Name: "envoy+noop mcp bodyonly / envoy+noop mcp", Num: evNoopMCPBodyOnly, Den: evNoopMCP,
+			Note: "the same with a server that does nothing."},
 		{Name: "envoy+mcp-replay / envoy+noop mcp", Num: evMCPReplay, Den: evNoopMCP},
 		{Name: "envoy+mcp-confirm-tiered / envoy+noop mcp", Num: evMCPConfirm, Den: evNoopMCP,
 			Note: "no target: a first-time confirm makes 4 store round trips the no-op server does not."},

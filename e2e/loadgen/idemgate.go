@@ -65,7 +65,8 @@ type idemgateSettings struct {
 	RedisTimeout string
 	PostgresDSN  string // empty: no PostgreSQL (both empty: memory store)
 	// PreviewBodyOnly sets preview.fingerprint_header: false on the
-	// transfer operation (3 ext_proc messages per preview).
+	// transfer operation and mcp.preview_response_headers: false on
+	// transfer_mcp (3 ext_proc messages per preview).
 	PreviewBodyOnly bool
 	// NoTerminalCache sets limits.terminal_cache_bytes: 0, so every replay
 	// reads the store.
@@ -136,6 +137,9 @@ operations:
       preview_tool: transfer_preview
       confirm_tool: transfer_confirm
       status_tool: transfer_status
+{{- if .PreviewBodyOnly}}
+      preview_response_headers: false
+{{- end}}
     params: [{path: amount, type: decimal}, currency, payee.account_id]
     result_ref: transfer_id
     downstream_idempotency_header: Idempotency-Key
