@@ -66,18 +66,26 @@ func transferArgs(amount string) map[string]any {
 // a retry (a new JSON-RPC id: replayed, one execution), a drifted amount and
 // the status tool — with the upstream answering JSON and SSE, and with the
 // client speaking 2026-07-28 (Mcp-Method/Mcp-Name headers) and 2025-11-25
-// (initialize, no headers).
+// (initialize, no headers). With mcp.preview_response_headers: false the
+// 2026-07-28 client's preview costs Envoy 3 ext_proc messages, the older
+// client's 4, and everything else is the same.
 func TestMCPGoSDK(t *testing.T) {
 	for _, c := range []struct {
 		name, version string
 		sse           bool
+		// previewMessages is what a preview costs when threeMessages.
+		threeMessages   bool
+		previewMessages int64
 	}{
-		{"2026-07-28 json", "", false},
-		{"2026-07-28 sse", "", true},
-		{"2025-11-25 sse", "2025-11-25", true},
+		{"2026-07-28 json", "", false, false, 0},
+		{"2026-07-28 sse", "", true, false, 0},
+		{"2025-11-25 sse", "2025-11-25", true, false, 0},
+		{"2026-07-28 json, preview in 3 messages", "", false, true, 3},
+		{"2026-07-28 sse, preview in 3 messages", "", true, true, 3},
+		{"2025-11-25 sse, preview in 3 messages asked", "2025-11-25", true, true, 4},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := startStack(t, stack.Options{})
+			s := startStack(t, stack.Options{MCPPreviewWithoutResponseHeaders: c.threeMessages})
 			s.Payments.SetMCPStreaming(c.sse)
 			cs := mcpSession(t, s, "alice", c.version)
 			ctx := t.Context()
@@ -110,8 +118,14 @@ func TestMCPGoSDK(t *testing.T) {
 			require.Contains(t, in.Properties["fingerprint"].Description, "transfer_preview")
 
 			args := transferArgs("25.00")
-			pv, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: payments.MCPPreviewTool, Arguments: args})
+			var pv *mcp.CallToolResult
+			sent := extProcMessagesSentBy(t, s.Envoy, func() {
+				pv, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: payments.MCPPreviewTool, Arguments: args})
+			})
 			require.NoError(t, err)
+			if c.threeMessages {
+				require.Equal(t, c.previewMessages, sent, "ext_proc messages of the preview")
+			}
 			require.False(t, pv.IsError)
 			fp, _ := structured(t, pv)["fingerprint"].(string)
 			require.NotEmpty(t, fp)

@@ -36,6 +36,8 @@ type idemgateConfig struct {
 	extra               map[string]any
 	transactionPooler   bool
 	approval            map[string]any
+	// mcpPreviewWithoutHeaders: mcp.preview_response_headers: false.
+	mcpPreviewWithoutHeaders bool
 }
 
 // render derives the test's idemgate.yaml from the shipped one.
@@ -102,6 +104,9 @@ func (c idemgateConfig) render() ([]byte, error) {
 		}
 		if c.approval != nil && (op["name"] == "transfer" || op["name"] == "transfer_mcp") {
 			op["approval"] = c.approval
+		}
+		if m, isMCP := op["mcp"].(map[string]any); isMCP && c.mcpPreviewWithoutHeaders {
+			m["preview_response_headers"] = false
 		}
 		if _, isMCP := op["mcp"]; c.upstreamTimeout > 0 && !isMCP {
 			// The config says this equals the confirm route's timeout.

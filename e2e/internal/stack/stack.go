@@ -78,6 +78,10 @@ type Options struct {
 	GRPCUnixSocket bool
 	// GRPCTLS: mutual TLS on the ext_proc channel (see channel.go).
 	GRPCTLS *GRPCTLS
+	// MCPPreviewWithoutResponseHeaders sets the MCP operation's
+	// mcp.preview_response_headers: false, and Envoy's ext_proc filter
+	// sends response.code (3 messages per MCP preview).
+	MCPPreviewWithoutResponseHeaders bool
 	// WrapUpstream and EditBootstrap: see attest.go.
 	WrapUpstream  func(http.Handler) http.Handler
 	EditBootstrap func([]byte) ([]byte, error)
@@ -179,7 +183,7 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		fingerprintTTL: opts.FingerprintTTL, inFlightTTL: opts.InFlightTTL,
 		ignoreKeys: opts.DownstreamIgnoresKeys, upstreamTimeout: opts.ConfirmRouteTimeout,
 		extra: extra, transactionPooler: opts.PostgresThroughPgBouncer,
-		approval: opts.Approval,
+		approval: opts.Approval, mcpPreviewWithoutHeaders: opts.MCPPreviewWithoutResponseHeaders,
 	}.render()
 	if err != nil {
 		t.Fatal(err)
@@ -209,6 +213,7 @@ func Start(t testing.TB, env Env, opts Options) *Stack {
 		MessageTimeout:      cmp.Or(opts.MessageTimeout, extProcMessageTimeout),
 		ConfirmRetryOn:      confirmRetryOn(opts),
 		RawPaths:            opts.WithoutPathNormalisation,
+		ResponseCode:        opts.MCPPreviewWithoutResponseHeaders,
 	})
 	if err == nil && opts.EditBootstrap != nil {
 		s.Bootstrap, err = opts.EditBootstrap(s.Bootstrap)
