@@ -85,23 +85,16 @@ func (ex *exchange) mcpResponseBody(body []byte) (*extprocv3.ProcessingResponse,
 // mcpPreviewWithoutHeaders prepares the rewrite of a preview whose response
 // headers Envoy did not send (mcp.preview_response_headers: false): they
 // are on their way to the client, so Envoy drops any header set now and
-// sends the new body chunked. The status is Envoy's response.code: without
-// a 2xx one the answer passes unsigned (a missing attribute means the
-// filter lacks response_attributes: [response.code], and no fingerprint is
-// the safe side: no confirm can follow). The framing comes from the body
+// sends the new body chunked. Without a 2xx response.code the answer passes
+// unsigned (attributeStatusSignable: no fingerprint is the safe side, no
+// confirm can follow). The framing comes from the body
 // (mcp.SniffEventStream). It returns the pass-through reply, or nil when
 // the body is to be rewritten.
 func (ex *exchange) mcpPreviewWithoutHeaders(body []byte) *extprocv3.ProcessingResponse {
-	switch st := ex.respStatus; {
-	case st == 0:
-		ex.logger().Error("the response.code attribute is missing: Envoy's ext_proc filter must list response_attributes: [response.code] (idemgate envoy-config does) for an MCP preview with mcp.preview_response_headers: false; preview passed through without a fingerprint")
-		ex.decision("status_unknown")
-		return responseBodyReply(nil, nil, false)
-	case st < 200 || st > 299:
-		ex.decision("passed_through")
+	if !ex.attributeStatusSignable("mcp.preview_response_headers: false") {
 		return responseBodyReply(nil, nil, false)
 	}
-	ex.mcp.status, ex.mcp.sse, ex.mcp.hasLength = ex.respStatus, mcp.SniffEventStream(body), false
+	ex.mcp.sse, ex.mcp.hasLength = mcp.SniffEventStream(body), false
 	return nil
 }
 

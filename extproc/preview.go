@@ -150,14 +150,7 @@ func (ex *exchange) previewFields(token, expires string) []jsonx.Set {
 // lacks response_attributes: [response.code], and no fingerprint is the
 // safe side: no confirm can follow).
 func (ex *exchange) previewBodyOnlyResponse(body []byte) (*extprocv3.ProcessingResponse, bool) {
-	st := ex.respStatus
-	if st == 0 {
-		ex.logger().Error("the response.code attribute is missing: Envoy's ext_proc filter must list response_attributes: [response.code] (idemgate envoy-config does) for a preview with fingerprint_header: false; preview passed through without a fingerprint")
-		ex.decision("status_unknown")
-		return responseBodyReply(nil, nil, false), true
-	}
-	if st < 200 || st > 299 {
-		ex.decision("passed_through")
+	if !ex.attributeStatusSignable("fingerprint_header: false") {
 		return responseBodyReply(nil, nil, false), true
 	}
 	token, expiresAt, err := ex.sign()
@@ -177,6 +170,23 @@ func (ex *exchange) previewBodyOnlyResponse(body []byte) (*extprocv3.ProcessingR
 	keep(buf, out)
 	ex.decision("signed")
 	return responseBodyReply(nil, out, true), true
+}
+
+// attributeStatusSignable reports whether a preview whose response headers
+// were skipped (setting names the config that skipped them) may be signed:
+// only with a 2xx response.code. Otherwise the decision says why, and a
+// missing attribute, an attachment's mistake, is logged.
+func (ex *exchange) attributeStatusSignable(setting string) bool {
+	switch st := ex.respStatus; {
+	case st == 0:
+		ex.logger().Error("the response.code attribute is missing: Envoy's ext_proc filter must list response_attributes: [response.code] (idemgate envoy-config does) for a preview with " + setting + "; preview passed through without a fingerprint")
+		ex.decision("status_unknown")
+		return false
+	case st < 200 || st > 299:
+		ex.decision("passed_through")
+		return false
+	}
+	return true
 }
 
 // responseCodeAttribute is the response.code attribute Envoy sends on the
