@@ -69,6 +69,20 @@ func BenchmarkMCPPreview(b *testing.B) {
 	}
 }
 
+// BenchmarkMCPPreviewBodyOnly is BenchmarkMCPPreview with
+// mcp.preview_response_headers: false: 3 messages, the status read from the
+// response.code attribute, the framing from the body.
+func BenchmarkMCPPreviewBodyOnly(b *testing.B) {
+	e := mcpBodyOnlyEnv(b)
+	d := fakeDialer{srv: e.srv, shareReplies: true}
+	up := newMCPServer(false)
+	req := transferPreviewCall(`"100.00"`)
+	b.ReportAllocs()
+	for b.Loop() {
+		doWith(b, responseCodeFilter, d, req, up.handle)
+	}
+}
+
 // BenchmarkMCPUnguarded is a 2026-07-28 tools/call of a tool no operation
 // guards, read from its body (the default) and decided from its headers
 // (mcp.trust_upstream_headers).

@@ -180,9 +180,10 @@ func (ex *exchange) mcpInjectPreview(msg mcp.Message) ([]byte, bool) {
 		return nil, false
 	}
 	expires := expiresAt.Format(time.RFC3339)
-	block := ex.mcpPreviewBlock().Fill(token, expires)
+	blockBuf, buf := ex.buffer(), ex.buffer()
+	block := keep(blockBuf, ex.mcpPreviewBlock().AppendFilled(*blockBuf, token, expires))
 	ex.decision("signed")
-	return res.Inject(ex.previewFields(token, expires), block), true
+	return keep(buf, res.AppendInjected(*buf, ex.previewFields(token, expires), block)), true
 }
 
 // mcpPreviewBlock returns the preview text block of the stream's

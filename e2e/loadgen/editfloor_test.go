@@ -59,7 +59,7 @@ func TestEditFloorFitsTheUpstream(t *testing.T) {
 		label       string
 	}{
 		{previewPath, quoteBytes, httpWant, token, expectedLabel(evNoopEdit)},
-		{mcpPath, mcpAnswer, res.Inject([]jsonx.Set{{Key: "fingerprint", Text: mcpToken}, {Key: "fingerprint_expires_at", Text: expires}}, block), "", expectedLabel(evNoopEditMCP)},
+		{mcpPath, mcpAnswer, res.AppendInjected(nil, []jsonx.Set{{Key: "fingerprint", Text: mcpToken}, {Key: "fingerprint_expires_at", Text: expires}}, block), "", expectedLabel(evNoopEditMCP)},
 	} {
 		req := newRoute(tc.path, string(tc.answer)).request(newRNGs(1, 1)[0], previewBytes, 0)
 		out, v := extprocdriver.EnvoyFilter().Trace(t.Context(), conns.Next(), req, nil)

@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"bytes"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -90,12 +91,17 @@ func NewPreviewBlock(text string) PreviewBlock {
 // Fill returns the block with the fingerprint and its expiry in place of
 // the placeholders: what TextBlock makes of the text with them replaced.
 func (p PreviewBlock) Fill(fingerprint, expiresAt string) []byte {
+	return p.AppendFilled(nil, fingerprint, expiresAt)
+}
+
+// AppendFilled is Fill appending the block to dst (a pooled buffer).
+func (p PreviewBlock) AppendFilled(dst []byte, fingerprint, expiresAt string) []byte {
 	if !jsonx.WrittenAsIs(fingerprint) || !jsonx.WrittenAsIs(expiresAt) {
 		// Not a value idemgate signs; rendered the slow, general way.
 		r := strings.NewReplacer(fingerprintPlaceholder, fingerprint, expiresAtPlaceholder, expiresAt)
-		return TextBlock(nil, r.Replace(p.text))
+		return TextBlock(dst, r.Replace(p.text))
 	}
-	out := make([]byte, 0, len(p.template)+len(fingerprint)+len(expiresAt))
+	out := slices.Grow(dst, len(p.template)+len(fingerprint)+len(expiresAt))
 	t := p.template
 	for {
 		i := bytes.IndexByte(t, '{')

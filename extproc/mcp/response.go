@@ -103,38 +103,108 @@ func OutcomeOf(msg Message) (o Outcome, why string) {
 
 // PreviewResult is a successful preview's result, ready for a fingerprint.
 type PreviewResult struct {
-	msg Message
+	msg    Message
+	result jsonx.Member // the message's result member, an object
 }
 
 // PreviewOf returns the result of a preview response that a fingerprint is
-// signed into: a complete result that is not an error (ok=false for an
-// error, isError, or a task or input request).
+// signed into: a complete result object that is not an error (ok=false for
+// an error, isError, a task or input request, or a result that is not an
+// object and so no CallToolResult).
 func PreviewOf(msg Message) (PreviewResult, bool) {
-	rm := msg.result
-	if jsonx.Lookup(msg.members, "result") == nil || jsonx.IsTrue(jsonx.Lookup(rm, "isError")) {
+	var result jsonx.Member
+	for _, m := range msg.members {
+		if string(m.Name) == "result" {
+			result = m
+		}
+	}
+	if len(result.Value) == 0 || result.Value[0] != '{' || jsonx.IsTrue(jsonx.Lookup(msg.result, "isError")) {
 		return PreviewResult{}, false
 	}
-	if rt, _ := jsonx.String(jsonx.Lookup(rm, "resultType")); rt != "" && rt != "complete" {
+	if rt, _ := jsonx.String(jsonx.Lookup(msg.result, "resultType")); rt != "" && rt != "complete" {
 		return PreviewResult{}, false
 	}
-	return PreviewResult{msg: msg}, true
+	return PreviewResult{msg: msg, result: result}, true
 }
 
-// Inject returns the response with fields set in structuredContent (when
-// that is an object, or absent: then it is made of fields alone) and block
-// appended to content, for clients that give the model only content.
-func (p PreviewResult) Inject(fields []jsonx.Set, block []byte) []byte {
-	rm := p.msg.result
-	set := make([]jsonx.Set, 0, 2)
-	sc := jsonx.Lookup(rm, "structuredContent")
-	if jsonx.IsNull(sc) {
-		set = append(set, jsonx.Set{Key: "structuredContent", Raw: jsonx.Edit(nil, nil, fields...)})
-	} else if spliced, err := jsonx.Splice(nil, sc, fields...); err == nil {
-		set = append(set, jsonx.Set{Key: "structuredContent", Raw: spliced})
+// AppendInjected appends to dst the response with fields set in
+// structuredContent (when that is an object, or absent or null: then it is
+// made of fields alone) and block appended to content, for clients that
+// give the model only content. Every other byte of the upstream's message
+// is kept: only those two values are rewritten in place (or added before
+// the result's closing brace), so the answer is written once, into dst.
+func (p PreviewResult) AppendInjected(dst []byte, fields []jsonx.Set, block []byte) []byte {
+	raw := p.msg.Raw
+	var sc, content *jsonx.Member
+	for i := range p.msg.result {
+		switch m := &p.msg.result[i]; string(m.Name) {
+		case "structuredContent":
+			sc = m
+		case "content":
+			content = m
+		}
 	}
-	// An array or scalar has no room for members: the text block carries it.
-	set = append(set, jsonx.Set{Key: "content", Raw: jsonx.AppendElements(jsonx.Lookup(rm, "content"), block)})
-	return jsonx.EditMembers(p.msg.members, nil, jsonx.Set{Key: "result", Raw: jsonx.EditMembers(rm, nil, set...)})
+	// The rewritten values in the order they appear in raw.
+	first, second := sc, content
+	if sc == nil || (content != nil && spanStart(*content) < spanStart(*sc)) {
+		first, second = content, sc
+	}
+	at := 0
+	for _, m := range [2]*jsonx.Member{first, second} {
+		if m == nil {
+			continue
+		}
+		start, end := m.ValueSpan()
+		dst = append(dst, raw[at:start]...)
+		if m == sc {
+			dst = appendStructured(dst, m.Value, fields)
+		} else {
+			dst = jsonx.AppendElementsTo(dst, m.Value, block)
+		}
+		at = end
+	}
+	// The members the result lacks go in before its closing brace.
+	_, resultEnd := p.result.ValueSpan()
+	closeAt := resultEnd - 1
+	dst = append(dst, raw[at:closeAt]...)
+	members := len(p.msg.result)
+	if sc == nil {
+		dst = appendSeparator(dst, members)
+		dst = jsonx.AppendString(dst, "structuredContent")
+		dst = jsonx.AppendEdited(append(dst, ':'), nil, nil, fields...)
+		members++
+	}
+	if content == nil {
+		dst = appendSeparator(dst, members)
+		dst = jsonx.AppendString(dst, "content")
+		dst = jsonx.AppendElementsTo(append(dst, ':'), nil, block)
+	}
+	return append(dst, raw[closeAt:]...)
+}
+
+// appendStructured writes structuredContent with fields set: spliced into
+// an object, an object of fields alone for null. An array or scalar has no
+// room for members and is kept: the text block carries the fingerprint.
+func appendStructured(dst, sc []byte, fields []jsonx.Set) []byte {
+	if jsonx.IsNull(sc) {
+		return jsonx.AppendEdited(dst, nil, nil, fields...)
+	}
+	if out, err := jsonx.AppendSpliced(dst, sc, fields...); err == nil {
+		return out
+	}
+	return append(dst, sc...)
+}
+
+func spanStart(m jsonx.Member) int {
+	start, _ := m.ValueSpan()
+	return start
+}
+
+func appendSeparator(dst []byte, members int) []byte {
+	if members > 0 {
+		return append(dst, ',')
+	}
+	return dst
 }
 
 // ToolList is a tools/list result.

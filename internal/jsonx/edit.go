@@ -2,6 +2,7 @@ package jsonx
 
 import (
 	"bytes"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -57,11 +58,22 @@ func EditMembers(ms []Member, remove []string, set ...Set) []byte {
 	for _, m := range ms {
 		size += m.end - m.start + 1
 	}
+	return AppendEdited(make([]byte, 0, size+setsSize(set)), ms, remove, set...)
+}
+
+// setsSize is about what set adds to an object, for sizing a buffer.
+func setsSize(set []Set) int {
+	size := 0
 	for _, s := range set {
 		size += len(s.Key) + len(s.Raw) + len(s.Text) + 8
 	}
-	out := make([]byte, 0, size)
-	out = append(out, '{')
+	return size
+}
+
+// AppendEdited is EditMembers appending the object to dst (a pooled
+// buffer, or one the caller writes a larger document into).
+func AppendEdited(dst []byte, ms []Member, remove []string, set ...Set) []byte {
+	out := append(dst, '{')
 	var doneSpace [8]bool
 	done := doneSpace[:0]
 	if len(set) > len(doneSpace) {
@@ -108,19 +120,18 @@ next:
 // to replace, the new members go in before the closing brace. The result
 // is written into dst's memory when it is large enough (a pooled buffer).
 func Splice(dst, body []byte, set ...Set) ([]byte, error) {
+	return AppendSpliced(dst[:0], body, set...)
+}
+
+// AppendSpliced is Splice appending the object to dst. When body is not a
+// strict JSON object it returns the error and dst as it was.
+func AppendSpliced(dst, body []byte, set ...Set) ([]byte, error) {
 	var space [32]Member // on the stack for objects of up to 32 members
 	ms, err := members(body, false, space[:0])
 	if err != nil {
-		return nil, err
+		return dst, err
 	}
-	size := len(body) + 16
-	for _, s := range set {
-		size += len(s.Key) + len(s.Raw) + len(s.Text) + 8
-	}
-	out := dst[:0]
-	if cap(out) < size {
-		out = make([]byte, 0, size)
-	}
+	out := slices.Grow(dst, len(body)+16+setsSize(set))
 	replaced := false
 	for _, m := range ms {
 		if setsKey(set, m.Name) {
@@ -205,6 +216,11 @@ func trimRightSpace(b []byte) []byte {
 // not a strict JSON array) with elems appended; raw's elements keep their
 // bytes, the space between them included.
 func AppendElements(raw []byte, elems ...[]byte) []byte {
+	return AppendElementsTo(nil, raw, elems...)
+}
+
+// AppendElementsTo is AppendElements appending the array to dst.
+func AppendElementsTo(dst, raw []byte, elems ...[]byte) []byte {
 	var body []byte
 	if _, err := Elements(raw); err == nil {
 		raw = bytes.TrimSpace(raw)
@@ -214,7 +230,7 @@ func AppendElements(raw []byte, elems ...[]byte) []byte {
 	for _, e := range elems {
 		size += len(e) + 1
 	}
-	out := make([]byte, 0, size)
+	out := slices.Grow(dst, size)
 	out = append(out, '[')
 	out = append(out, body...)
 	if len(body) > 0 && len(elems) > 0 {

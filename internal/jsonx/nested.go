@@ -74,7 +74,9 @@ func readObject(d *jsontext.Decoder, raw []byte, lax bool, depth *int, descend f
 	if depth != nil {
 		*depth = max(*depth, d.StackDepth())
 	}
-	var ms []Member
+	// Room for a JSON-RPC message's members (and most params and results)
+	// in one allocation rather than growing from one.
+	ms := make([]Member, 0, 4)
 	for d.PeekKind() != '}' {
 		key, start, err := readName(d, lax)
 		if err != nil {

@@ -27,6 +27,11 @@ type Member struct {
 	start, end int
 }
 
+// ValueSpan is where the member's value lies in the text it was read from
+// (Value is that text[start:end]), so a caller can rewrite one value and
+// keep every other byte.
+func (m Member) ValueSpan() (start, end int) { return m.end - len(m.Value), m.end }
+
 // Key is the member's name as a string (a copy).
 func (m Member) Key() string { return string(m.Name) }
 

@@ -87,7 +87,7 @@ func TestEditSignsHTTPPreviewsLikeIdemgate(t *testing.T) {
 }
 
 // TestEditSignsMCPPreviewsLikeIdemgate: an MCP preview's answer is what
-// idemgate's own injection (mcp.PreviewOf(...).Inject, as
+// idemgate's own injection (mcp.PreviewOf(...).AppendInjected, as
 // mcpInjectPreview does) makes of it, byte for byte: the members in
 // structuredContent, the block last in content, content-length set and no
 // header otherwise, a valid JSON-RPC result for the request's id.
@@ -97,7 +97,7 @@ func TestEditSignsMCPPreviewsLikeIdemgate(t *testing.T) {
 	require.NoError(t, err)
 	res, ok := mcp.PreviewOf(msg)
 	require.True(t, ok)
-	want := res.Inject([]jsonx.Set{{Key: "fingerprint", Text: editMCPTok}, {Key: "fingerprint_expires_at", Text: editExpires}}, editBlock())
+	want := res.AppendInjected(nil, []jsonx.Set{{Key: "fingerprint", Text: editMCPTok}, {Key: "fingerprint_expires_at", Text: editExpires}}, editBlock())
 	for _, path := range []string{"/mcp", "/mcp?session=1"} {
 		out, v := extprocdriver.EnvoyFilter().Trace(t.Context(), conns.Next(), editRequest(path, editMCPAnswer), nil)
 		require.Equal(t, extprocdriver.Outcome{Status: 200, Marks: extprocdriver.MarkResponseHeaders | extprocdriver.MarkResponseBody}, out, path)
@@ -128,6 +128,29 @@ func TestEditSignsMCPPreviewsLikeIdemgate(t *testing.T) {
 		require.Contains(t, msg.Result.Content[1].Text, editMCPTok)
 		require.False(t, msg.Result.IsError)
 	}
+}
+
+// TestEditBodyOnlyAnswersInThreeMessages: with BodyOnly the floor switches
+// the response headers off at the request headers (as idemgate does for
+// mcp.preview_response_headers: false) and answers the response body with
+// the same bytes as idemgate and no header: Envoy has sent the headers
+// already, so it would drop any header set now.
+func TestEditBodyOnlyAnswersInThreeMessages(t *testing.T) {
+	s, err := NewEdit(EditOptions{Token: editToken, MCPToken: editMCPTok, Expires: editExpires, MCPBlock: editBlock(), BodyOnly: true})
+	require.NoError(t, err)
+	conns := serve(t, s)
+	msg, err := mcp.ReadMessage([]byte(editMCPAnswer))
+	require.NoError(t, err)
+	res, ok := mcp.PreviewOf(msg)
+	require.True(t, ok)
+	want := res.AppendInjected(nil, []jsonx.Set{{Key: "fingerprint", Text: editMCPTok}, {Key: "fingerprint_expires_at", Text: editExpires}}, editBlock())
+	filter := extprocdriver.EnvoyFilter()
+	filter.ResponseCode = true
+	out, v := filter.Trace(t.Context(), conns.Next(), editRequest("/mcp", editMCPAnswer), nil)
+	require.Equal(t, extprocdriver.Outcome{Status: 200, Marks: extprocdriver.MarkModeOverride | extprocdriver.MarkResponseBody}, out,
+		"the response headers switched off, the body replaced, no header set that Envoy would drop")
+	require.Equal(t, 3, v.Replies)
+	require.Equal(t, string(want), string(v.Body))
 }
 
 // TestEditPassesWhatItCannotPlace: a body without the layout the byte
