@@ -80,7 +80,7 @@ test-short: ## Unit tests only (no services needed).
 	$(GO) test -short -count=1 $(GO_TEST_ARGS) ./...
 
 .PHONY: bench
-bench: services envoy build ## Micro-benchmarks, then the load benchmarks (ext_proc level, then through the pinned Envoy) that write BENCHMARKS.md; about 26 minutes on 2 cores.
+bench: services envoy build ## Micro-benchmarks, then the load benchmarks (ext_proc level, then through the pinned Envoy) that write BENCHMARKS.md; about 27 minutes on 2 cores.
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 1s ./fingerprint/... ./state/... ./extproc/...
 	ENVOY_BIN=$(ENVOY) $(GO) run ./e2e/loadgen -out BENCHMARKS.md
 

@@ -93,6 +93,8 @@ const (
 	// 3-message no-op floor over MCP.
 	evNoopMCPBodyOnly    = "envoy+noop mcp bodyonly"
 	evMCPPreviewBodyOnly = "envoy+mcp-preview bodyonly"
+	// The same-answer floor of that 3-message MCP preview.
+	evNoopEditMCPBodyOnly = "envoy+noop-edit mcp bodyonly"
 )
 
 var envoyColumnDescriptions = map[string]string{
@@ -117,15 +119,16 @@ var envoyColumnDescriptions = map[string]string{
 	evReplay:                    "(c) Envoy + idemgate, replay: confirms of fingerprints already DONE (a pool confirmed through Envoy beforehand, reused round-robin): idemgate answers from the record after the request body, the upstream is not called. After the first replay of each fingerprint (in the warm-up) the record comes from idemgate's memory of terminal records (limits.terminal_cache_bytes), not from Redis. Expected: 200 with Idempotent-Replayed: true.",
 	evReplayStore:               "(c) as envoy+replay, on an idemgate of its own with limits.terminal_cache_bytes: 0 (same Redis and PostgreSQL, same pool): every replay reads the record from Redis, as the first replay of a fingerprint on a replica does.",
 
-	evNoopMCP:            "(b) over MCP: Envoy + the no-op ext_proc server, tools/call of " + mcpUnguardedTool + " (a tool no operation guards) to /mcp with Mcp-Method/Mcp-Name headers; the upstream answers it exactly like the preview tool (the quote as structuredContent plus a text block, JSON). 4 messages per request.",
-	evMCPUnguarded:       "(c) Envoy + idemgate, the same unguarded tools/call: idemgate reads the body (mcp.trust_upstream_headers is off, the default: the body must agree with Mcp-Method/Mcp-Name), lets it pass and switches the response phases off (3 messages). Expected: a JSON-RPC result for the request's id.",
-	evMCPPreview:         "(c) Envoy + idemgate, tools/call " + mcpPreviewTool + ": idemgate buffers the call, hashes the arguments, and signs a fingerprint into the result's structuredContent and a text block. Expected: a result for the request's id with the fingerprint.",
-	evMCPConfirm:         "(c) Envoy + idemgate, tools/call " + mcpConfirmTool + " with a distinct minted fingerprint in the arguments, tiered store: verify, acquire, the fingerprint taken out of the arguments, the upstream called with Idempotency-Key, complete. Expected: a result for the request's id, the upstream's mark that it saw the key.",
-	evNoopEdit:           "(b) the same-answer floor: Envoy (the filter config of envoy+noop) + a no-op-like server (-serve noop-edit, on idemgate's gRPC transport) that sends the mutations of idemgate's signed preview with none of its work (no JSON parsing, hashing, signing or store): CONTINUE to the request headers and body and the response headers, and to the response body the upstream's quote with the fingerprint and fingerprint_expires_at members inserted before its closing brace (a byte operation), Idempotency-Fingerprint and the new content-length set; then it ends the stream itself, as idemgate does (the no-op server waits for Envoy to close it). Its fixed token and expiry are minted with idemgate's key at setup, so its answers have the sizes of idemgate's. Preview requests. Expected: 200 with Idempotency-Fingerprint.",
-	evNoopEditMCP:        "(b) the same-answer floor over MCP: the noop-edit server on the tools/call " + mcpPreviewTool + " requests of envoy+mcp-preview (the upstream answers the quote): to the response body the result with the two members inserted at the end of structuredContent and idemgate's text block (rendered with extproc/envelope and extproc/mcp around the floor's token) appended to content, by byte operations on the upstream's layout, content-length set. Expected: a result for the request's id with the fingerprint.",
-	evNoopMCPBodyOnly:    "(b) as envoy+noop mcp, the no-op server of envoy+noop bodyonly (the response headers switched off in its reply to the request headers) and its Envoy (response_attributes: [response.code]): 3 messages per request.",
-	evMCPPreviewBodyOnly: "(c) as envoy+mcp-preview, with mcp.preview_response_headers: false (the idemgate and Envoy of envoy+preview bodyonly): the call's Mcp-Name names the preview tool, so its response headers are switched off at the request headers; 3 messages, the status read from response.code, the framing from the body, the rewritten result sent chunked. Expected: a result for the request's id with the fingerprint.",
-	evMCPReplay:          "(c) Envoy + idemgate, replay over MCP: confirm tool calls of fingerprints already DONE (a pool confirmed beforehand, reused round-robin), each with a new JSON-RPC id: idemgate answers the stored result with the current id, the upstream is not called. Expected: a result for the request's id with Idempotent-Replayed: true.",
+	evNoopMCP:             "(b) over MCP: Envoy + the no-op ext_proc server, tools/call of " + mcpUnguardedTool + " (a tool no operation guards) to /mcp with Mcp-Method/Mcp-Name headers; the upstream answers it exactly like the preview tool (the quote as structuredContent plus a text block, JSON). 4 messages per request.",
+	evMCPUnguarded:        "(c) Envoy + idemgate, the same unguarded tools/call: idemgate reads the body (mcp.trust_upstream_headers is off, the default: the body must agree with Mcp-Method/Mcp-Name), lets it pass and switches the response phases off (3 messages). Expected: a JSON-RPC result for the request's id.",
+	evMCPPreview:          "(c) Envoy + idemgate, tools/call " + mcpPreviewTool + ": idemgate buffers the call, hashes the arguments, and signs a fingerprint into the result's structuredContent and a text block. Expected: a result for the request's id with the fingerprint.",
+	evMCPConfirm:          "(c) Envoy + idemgate, tools/call " + mcpConfirmTool + " with a distinct minted fingerprint in the arguments, tiered store: verify, acquire, the fingerprint taken out of the arguments, the upstream called with Idempotency-Key, complete. Expected: a result for the request's id, the upstream's mark that it saw the key.",
+	evNoopEdit:            "(b) the same-answer floor: Envoy (the filter config of envoy+noop) + a no-op-like server (-serve noop-edit, on idemgate's gRPC transport) that sends the mutations of idemgate's signed preview with none of its work (no JSON parsing, hashing, signing or store): CONTINUE to the request headers and body and the response headers, and to the response body the upstream's quote with the fingerprint and fingerprint_expires_at members inserted before its closing brace (a byte operation), Idempotency-Fingerprint and the new content-length set; then it ends the stream itself, as idemgate does (the no-op server waits for Envoy to close it). Its fixed token and expiry are minted with idemgate's key at setup, so its answers have the sizes of idemgate's. Preview requests. Expected: 200 with Idempotency-Fingerprint.",
+	evNoopEditMCP:         "(b) the same-answer floor over MCP: the noop-edit server on the tools/call " + mcpPreviewTool + " requests of envoy+mcp-preview (the upstream answers the quote): to the response body the result with the two members inserted at the end of structuredContent and idemgate's text block (rendered with extproc/envelope and extproc/mcp around the floor's token) appended to content, by byte operations on the upstream's layout, content-length set. Expected: a result for the request's id with the fingerprint.",
+	evNoopMCPBodyOnly:     "(b) as envoy+noop mcp, the no-op server of envoy+noop bodyonly (the response headers switched off in its reply to the request headers) and its Envoy (response_attributes: [response.code]): 3 messages per request.",
+	evMCPPreviewBodyOnly:  "(c) as envoy+mcp-preview, with mcp.preview_response_headers: false (the idemgate and Envoy of envoy+preview bodyonly): the call's Mcp-Name names the preview tool, so its response headers are switched off at the request headers; 3 messages, the status read from response.code, the framing from the body, the rewritten result sent chunked. Expected: a result for the request's id with the fingerprint.",
+	evNoopEditMCPBodyOnly: "(b) the same-answer floor of envoy+mcp-preview bodyonly: the noop-edit server of envoy+noop-edit mcp (-serve noop-edit -edit-bodyonly, a process of its own) switching the response headers off in its reply to the request headers as idemgate does, and answering the response body with the same rewritten result and no header (Envoy sends it chunked); its Envoy asks for response_attributes: [response.code]. 3 messages per request. Expected: a result for the request's id with the fingerprint.",
+	evMCPReplay:           "(c) Envoy + idemgate, replay over MCP: confirm tool calls of fingerprints already DONE (a pool confirmed beforehand, reused round-robin), each with a new JSON-RPC id: idemgate answers the stored result with the current id, the upstream is not called. Expected: a result for the request's id with Idempotent-Replayed: true.",
 }
 
 // envoyColumns lists every column in report order, which is also the
@@ -146,7 +149,7 @@ var envoyColumns = []string{
 	evIO, evConfirm,
 	evPreviewHeaderAuth, evPreviewBodyOnlyHeaderAuth, evPreviewMTLS, evPreviewUnix,
 	evMCPUnguarded, evNoopMCP, evMCPPreview, evNoopEditMCP,
-	evNoopMCPBodyOnly, evMCPPreviewBodyOnly,
+	evNoopMCPBodyOnly, evMCPPreviewBodyOnly, evNoopEditMCPBodyOnly,
 	evMCPConfirm, evMCPReplay,
 }
 
@@ -158,7 +161,7 @@ var floorPairs = [][2]string{
 	{evNoopBodyOnly, evPreviewBodyOnly},
 	{evNoopReplay, evReplay},
 	{evMCPUnguarded, evNoopMCP}, {evNoopMCP, evMCPPreview}, {evMCPPreview, evNoopEditMCP},
-	{evNoopMCPBodyOnly, evMCPPreviewBodyOnly},
+	{evNoopMCPBodyOnly, evMCPPreviewBodyOnly}, {evMCPPreviewBodyOnly, evNoopEditMCPBodyOnly},
 }
 
 // idemgateColumns are the columns idemgate serves.
@@ -301,12 +304,18 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	}
 	e.children = append(e.children, answer)
 	e.extProcPid[evAnswer] = answer.pid()
-	edit, editAddr, err := e.startEditFloor(ctx)
+	edit, editAddr, err := e.startEditFloor(ctx, false)
 	if err != nil {
 		return err
 	}
 	e.children = append(e.children, edit)
 	e.extProcPid[evNoopEdit], e.extProcPid[evNoopEditMCP] = edit.pid(), edit.pid()
+	editBodyOnly, editBodyOnlyAddr, err := e.startEditFloor(ctx, true)
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, editBodyOnly)
+	e.extProcPid[evNoopEditMCPBodyOnly] = editBodyOnly.pid()
 	ioArgs := []string{"-redis-addr", e.redis, "-redis-prefix", e.prefix + "iofloor:", "-pg-dsn", e.db.dsn}
 	settings := idemgateSettings{RedisAddr: e.redis, KeyPrefix: e.prefix, PostgresDSN: e.db.dsn}
 	if o.envoyLenientStores {
@@ -390,6 +399,7 @@ func (e *envoyBench) setup(ctx context.Context) error {
 		{[]string{evPreviewUnix}, envoytest.Edits{Clusters: clusters(e.idemUnix.grpcAddr)}},
 		{[]string{evNoopBodyOnly, evNoopMCPBodyOnly}, envoytest.Edits{Clusters: clusters(noopBodyOnlyAddr), ResponseCode: true}},
 		{[]string{evPreviewBodyOnly, evMCPPreviewBodyOnly}, envoytest.Edits{Clusters: clusters(e.idemBodyOnly.grpcAddr), ResponseCode: true}},
+		{[]string{evNoopEditMCPBodyOnly}, envoytest.Edits{Clusters: clusters(editBodyOnlyAddr), ResponseCode: true}},
 		{[]string{evReplayStore}, envoytest.Edits{Clusters: clusters(e.idemStoreRead.grpcAddr)}},
 		{[]string{evPlainHeaderAuth, evPlainOtherHeaderAuth}, envoytest.Edits{Clusters: clusters(noopAddr), DropExtProc: true, HeaderAuth: headerAuthSubject}},
 		{[]string{evPreviewHeaderAuth, evAttachedOtherHeaderAuth}, envoytest.Edits{Clusters: clusters(e.idem.grpcAddr), HeaderAuth: headerAuthSubject}},
@@ -432,8 +442,9 @@ func (e *envoyBench) setup(ctx context.Context) error {
 // fixed values of the sizes idemgate's answers carry: a fingerprint of the
 // preview's params minted with idemgate's key for each operation's scope
 // (the MCP operation's is longer), its expiry, and the text block idemgate
-// appends to an MCP preview rendered around the MCP one.
-func (e *envoyBench) startEditFloor(ctx context.Context) (*child, string, error) {
+// appends to an MCP preview rendered around the MCP one. bodyOnly starts
+// its 3-message variant (-edit-bodyonly).
+func (e *envoyBench) startEditFloor(ctx context.Context, bodyOnly bool) (*child, string, error) {
 	token, expires, err := e.b.minter.sample(scope)
 	if err != nil {
 		return nil, "", err
@@ -442,8 +453,11 @@ func (e *envoyBench) startEditFloor(ctx context.Context) (*child, string, error)
 	if err != nil {
 		return nil, "", err
 	}
-	return e.b.startFloor(ctx, "noop-edit", "-edit-token", token, "-edit-mcp-token", mcpToken,
-		"-edit-expires", expires, "-edit-mcp-block", string(mcpPreviewBlock(mcpToken, expires)))
+	args := []string{"-edit-token", token, "-edit-mcp-token", mcpToken, "-edit-expires", expires, "-edit-mcp-block", string(mcpPreviewBlock(mcpToken, expires))}
+	if bodyOnly {
+		args = append(args, "-edit-bodyonly")
+	}
+	return e.b.startFloor(ctx, "noop-edit", args...)
 }
 
 // compareEditAnswers sends one preview and one MCP preview call through
@@ -471,7 +485,7 @@ func (e *envoyBench) compareEditAnswers(ctx context.Context) error {
 	for _, p := range []struct {
 		idemgate, floor string
 		req             *httpRequest
-	}{{evPreview, evNoopEdit, preview}, {evMCPPreview, evNoopEditMCP, call}} {
+	}{{evPreview, evNoopEdit, preview}, {evMCPPreview, evNoopEditMCP, call}, {evMCPPreviewBodyOnly, evNoopEditMCPBodyOnly, call}} {
 		want, err := get(p.idemgate, p.req)
 		if err != nil {
 			return err
@@ -706,7 +720,7 @@ func expectedLabel(column string) string {
 		return "200 " + markReplayed
 	case evNoopMCP, evMCPUnguarded, evNoopMCPBodyOnly:
 		return "200 " + markRPC
-	case evMCPPreview, evNoopEditMCP, evMCPPreviewBodyOnly:
+	case evMCPPreview, evNoopEditMCP, evMCPPreviewBodyOnly, evNoopEditMCPBodyOnly:
 		return "200 " + markSigned + " " + markRPC
 	case evMCPConfirm:
 		return "200 " + markKey + " " + markRPC
@@ -734,7 +748,7 @@ func (e *envoyBench) source(column string, c int) (httpSource, error) {
 		return &confirmHTTPSource{e: e, items: e.replay, cycle: true, limit: uint64(float64(o.budgetRate) * cell)}, nil
 	case evNoopMCP, evMCPUnguarded, evNoopMCPBodyOnly:
 		return &mcpSource{tool: mcpUnguardedTool, tokens: e.tokens, args: previewBytes, limit: uint64(float64(o.budgetRate) * cell)}, nil
-	case evMCPPreview, evNoopEditMCP, evMCPPreviewBodyOnly:
+	case evMCPPreview, evNoopEditMCP, evMCPPreviewBodyOnly, evNoopEditMCPBodyOnly:
 		return &mcpSource{tool: mcpPreviewTool, tokens: e.tokens, args: previewBytes, limit: uint64(float64(o.budgetRate) * cell)}, nil
 	case evMCPConfirm:
 		n := int(math.Ceil(float64(o.envoyConfirmRate) * cell))
@@ -1139,6 +1153,12 @@ func (e *envoyBench) finish() {
 			Note: "what skipping the MCP preview's response-headers message saves (3 messages against 4)."},
 		{Name: "envoy+noop mcp bodyonly / envoy+noop mcp", Num: evNoopMCPBodyOnly, Den: evNoopMCP,
 			Note: "the same with a server that does nothing."},
+		{Name: "envoy+mcp-preview bodyonly / envoy+noop-edit mcp bodyonly", Num: evMCPPreviewBodyOnly, Den: evNoopEditMCPBodyOnly,
+			Note: "idemgate's own work in the 3-message MCP preview: against a server sending the same answer in the same 3 messages."},
+		{Name: "envoy+noop-edit mcp bodyonly / envoy+noop mcp bodyonly", Num: evNoopEditMCPBodyOnly, Den: evNoopMCPBodyOnly,
+			Note: "what rewriting the answer costs Envoy, the upstream and the client in 3 messages, with a server that does nothing else (the rewritten body follows headers already sent)."},
+		{Name: "envoy+noop-edit mcp bodyonly / envoy+noop-edit mcp", Num: evNoopEditMCPBodyOnly, Den: evNoopEditMCP,
+			Note: "what skipping the response-headers message saves when the answer is rewritten, with a server that does nothing else."},
 		{Name: "envoy+mcp-replay / envoy+noop mcp", Num: evMCPReplay, Den: evNoopMCP},
 		{Name: "envoy+mcp-confirm-tiered / envoy+noop mcp", Num: evMCPConfirm, Den: evNoopMCP,
 			Note: "no target: a first-time confirm makes 4 store round trips the no-op server does not."},

@@ -104,7 +104,8 @@ func TestThroughEnvoyTiny(t *testing.T) {
 		"envoy+preview bodyonly / envoy", "envoy+preview bodyonly / envoy+noop bodyonly", "envoy+noop bodyonly / envoy+noop",
 		"envoy+preview header-auth / envoy header-auth", "envoy+preview bodyonly header-auth / envoy header-auth",
 		"envoy+preview / envoy+noop-edit", "envoy+noop-edit / envoy+noop",
-		"envoy+replay / envoy+noop-replay", "envoy+noop-replay / envoy+noop-answer", "envoy+mcp-preview / envoy+noop-edit mcp", "envoy+noop-edit mcp / envoy+noop mcp"} {
+		"envoy+replay / envoy+noop-replay", "envoy+noop-replay / envoy+noop-answer", "envoy+mcp-preview / envoy+noop-edit mcp", "envoy+noop-edit mcp / envoy+noop mcp",
+		"envoy+mcp-preview bodyonly / envoy+noop-edit mcp bodyonly", "envoy+noop-edit mcp bodyonly / envoy+noop mcp bodyonly"} {
 		j := slices.IndexFunc(tab.RoundRatios, func(rr report.RoundRatio) bool { return rr.Name == name })
 		require.GreaterOrEqual(t, j, 0, name)
 		require.Len(t, tab.RoundRatios[j].PerConcurrency[4], 1, name)

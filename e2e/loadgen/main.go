@@ -186,6 +186,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.serve.editExpires, "edit-expires", "", "internal: -serve noop-edit expiry member's value (RFC 3339)")
 	fs.StringVar(&o.serve.answerReply, "answer-reply", "", "internal: -serve answer ImmediateResponse (protojson) it sends to every request body (default: a fixed one of its own)")
 	fs.StringVar(&o.serve.editMCPBlock, "edit-mcp-block", "", "internal: -serve noop-edit text block (JSON) appended to an MCP result's content")
+	fs.BoolVar(&o.serve.editBodyOnly, "edit-bodyonly", false, "internal: -serve noop-edit in 3 messages (the response headers switched off, no header set on the body)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

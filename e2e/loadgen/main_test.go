@@ -293,13 +293,13 @@ func TestFlags(t *testing.T) {
 	require.LessOrEqual(t, 18*(o.duration+o.warmup), 150*time.Second)
 	// The through-Envoy table: every column × 3 concurrencies × rounds, plus
 	// the attach pair's own rounds at c=64, within 22 minutes (make bench as
-	// a whole about 26 on 2 cores). 17, not 16, since the header-auth
+	// a whole about 27 on 2 cores). 17, not 16, since the header-auth
 	// other-path pair: its 30 rotated cells add about 81 s; it gets no rounds
 	// of its own, which would add as much again. 18 since the store-read
 	// replay column (15 cells, about 40 s). 19 since the same-answer floor's
 	// two columns (30 cells, about 81 s). 20 since the same-answer floor of
 	// a replay (15 cells). 22 since the MCP preview's 3-message pair (30
-	// cells).
+	// cells) and its same-answer floor (15 cells: 21.6 minutes).
 	require.True(t, o.envoyTable)
 	cells := len(envoyColumns)*3*o.envoyRounds + 2*o.envoyAttachRounds
 	require.LessOrEqual(t, time.Duration(cells)*(o.envoyDuration+o.envoyWarmup+200*time.Millisecond), 22*time.Minute)

@@ -32,6 +32,7 @@ type serveOptions struct {
 	storeTimeout time.Duration // iofloor: bound of each store call (0: 250ms)
 	// noop-edit: the fixed values its answers carry (floor.EditOptions).
 	editToken, editMCPToken, editExpires, editMCPBlock string
+	editBodyOnly                                       bool // floor.EditOptions.BodyOnly
 	// answer: the ImmediateResponse it sends, in protojson (empty: its own
 	// fixed one).
 	answerReply string
@@ -72,7 +73,7 @@ func serve(o serveOptions, stderr io.Writer) error {
 			srv = floor.NewAnswer(immediate)
 		}
 	case "noop-edit":
-		edit, err := floor.NewEdit(floor.EditOptions{Token: o.editToken, MCPToken: o.editMCPToken, Expires: o.editExpires, MCPBlock: []byte(o.editMCPBlock)})
+		edit, err := floor.NewEdit(floor.EditOptions{Token: o.editToken, MCPToken: o.editMCPToken, Expires: o.editExpires, MCPBlock: []byte(o.editMCPBlock), BodyOnly: o.editBodyOnly})
 		if err != nil {
 			return fmt.Errorf("-serve noop-edit: %w", err)
 		}

@@ -32,6 +32,13 @@ type EditOptions struct {
 	// MCPPath is the MCP endpoint (default "/mcp"); every other path is
 	// answered as an HTTP preview.
 	MCPPath string
+	// BodyOnly makes it the same-answer floor of a preview in 3 messages
+	// (mcp.preview_response_headers: false, preview.fingerprint_header:
+	// false): its reply to the request headers switches the response
+	// headers off, as NoopBodyOnly's and idemgate's do, and its reply to the
+	// response body sets no header (the headers have left; Envoy sends the
+	// new body chunked).
+	BodyOnly bool
 }
 
 // Edit is the same-answer floor: it sends the mutations idemgate sends
@@ -49,7 +56,8 @@ type EditOptions struct {
 //     result.content, and content-length set.
 //
 // and, as idemgate does after its last reply, it then ends the stream
-// itself (OK) rather than waiting for Envoy to close it as Noop does.
+// itself (OK) rather than waiting for Envoy to close it as Noop does. With
+// EditOptions.BodyOnly it does the same in 3 messages (see there).
 //
 // The byte operations find their places by the layout of the benchmark's
 // upstream (e2e/loadgen/upstream.go), not by parsing: a body they do not
@@ -61,6 +69,7 @@ type Edit struct {
 	mcpMembers      []byte // the same with MCPToken
 	mcpBlock        []byte
 	mcpPath         string
+	bodyOnly        bool
 	buffers         sync.Pool // of *[]byte: a reply's new body, until sent
 }
 
@@ -86,7 +95,7 @@ func NewEdit(o EditOptions) (*Edit, error) {
 	return &Edit{
 		token: []byte(o.Token), mcpToken: []byte(o.MCPToken),
 		members: members(o.Token), mcpMembers: members(o.MCPToken),
-		mcpBlock: bytes.Clone(o.MCPBlock), mcpPath: o.MCPPath,
+		mcpBlock: bytes.Clone(o.MCPBlock), mcpPath: o.MCPPath, bodyOnly: o.BodyOnly,
 	}, nil
 }
 
@@ -120,6 +129,9 @@ func (s *Edit) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 		switch r := req.GetRequest().(type) {
 		case *extprocv3.ProcessingRequest_RequestHeaders:
 			mcp = s.isMCP(r.RequestHeaders.GetHeaders())
+			if s.bodyOnly {
+				return bodyOnlyRequestHeaders, false, nil
+			}
 		case *extprocv3.ProcessingRequest_ResponseBody:
 			if buf == nil {
 				buf, _ = s.buffers.Get().(*[]byte)
@@ -139,10 +151,12 @@ func (s *Edit) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 			}
 			*buf = out
 			reply.Reset()
-			if !mcp {
-				reply.SetHeader(hdrFingerprint, s.token)
+			if !s.bodyOnly {
+				if !mcp {
+					reply.SetHeader(hdrFingerprint, s.token)
+				}
+				reply.SetContentLength(len(out))
 			}
-			reply.SetContentLength(len(out))
 			return reply.Message(out, true), true, nil
 		}
 		resp, err := continueFor(req)
