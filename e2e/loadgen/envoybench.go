@@ -164,7 +164,8 @@ var floorPairs = [][2]string{
 	{evNoopMCPBodyOnly, evMCPPreviewBodyOnly}, {evMCPPreviewBodyOnly, evNoopEditMCPBodyOnly},
 }
 
-// idemgateColumns are the columns idemgate serves.
+// idemgateColumns are the columns the first idemgate serves (the
+// variants started beside it serve the others).
 var idemgateColumns = []string{evPreview, evPreviewHeaderAuth, evConfirm, evReplay, evMCPUnguarded, evMCPPreview, evMCPConfirm, evMCPReplay, evAttachedOther, evAttachedOtherHeaderAuth}
 
 // otherPathColumn reports whether a column sends POST otherPath (a path no
@@ -209,6 +210,9 @@ type envoyBench struct {
 
 	// Per column, the processes whose CPU time is split per request.
 	extProcPid map[string]int // 0: no ext_proc server
+	// idemgateOf is the idemgate serving each column idemgate serves (for
+	// -cpuprofile and -memprofile).
+	idemgateOf map[string]*idemgateProcess
 	upPid      int
 	cpu        map[string]map[int]*cpuUse
 	// roundRates are each round's ok req/s per column and concurrency.
@@ -233,7 +237,7 @@ type cpuUse struct {
 func (b *bench) runEnvoy(ctx context.Context) error {
 	o := b.opts
 	e := &envoyBench{b: b, redis: o.envoyRedis, envoys: map[string]*envoyProcess{}, results: map[string]map[int]*httpResult{},
-		extProcPid: map[string]int{}, cpu: map[string]map[int]*cpuUse{}, roundRates: map[string]map[int][]float64{}}
+		extProcPid: map[string]int{}, idemgateOf: map[string]*idemgateProcess{}, cpu: map[string]map[int]*cpuUse{}, roundRates: map[string]map[int][]float64{}}
 	e.table = &report.EnvoyTable{Concurrencies: o.concurrencies}
 	b.rep.Envoy = e.table
 	defer e.cleanup()
@@ -335,7 +339,7 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	}
 	e.children = append(e.children, e.idem.child)
 	for _, c := range idemgateColumns {
-		e.extProcPid[c] = e.idem.pid()
+		e.extProcPid[c], e.idemgateOf[c] = e.idem.pid(), e.idem
 	}
 	e.extProcPid[evNoopMCP] = noop.pid()
 	certs, err := writeBenchTLS(e.dir)
@@ -344,13 +348,13 @@ func (e *envoyBench) setup(ctx context.Context) error {
 	}
 	// variant starts one more idemgate on its own settings for columns.
 	variant := func(name string, s idemgateSettings, unixSocket bool, columns ...string) (*idemgateProcess, error) {
-		p, err := startIdemgate(ctx, idemgateSpec{bin: b.bin, dir: e.dir, name: name, key: b.key, settings: s, unixSocket: unixSocket})
+		p, err := startIdemgate(ctx, idemgateSpec{bin: b.bin, dir: e.dir, name: name, key: b.key, settings: s, unixSocket: unixSocket, pprof: b.profiling()})
 		if err != nil {
 			return nil, err
 		}
 		e.children = append(e.children, p.child)
 		for _, c := range columns {
-			e.extProcPid[c] = p.pid()
+			e.extProcPid[c], e.idemgateOf[c] = p.pid(), p
 		}
 		return p, nil
 	}
@@ -922,8 +926,8 @@ func (e *envoyBench) measureCell(ctx context.Context, column string, c, round in
 	}
 	run := httpRun{addr: e.envoys[column].ListenAddr, source: src, concurrency: c,
 		warmup: o.envoyWarmup, duration: o.envoyDuration, expect: expectedLabel(column)}
-	if slices.Contains(idemgateColumns, column) && !otherPathColumn(column) && round == 0 {
-		prof := e.b.profiler(ctx, cellSpec{scenario: column, idemgate: e.idem}, c)
+	if p := e.idemgateOf[column]; p != nil && !otherPathColumn(column) && round == 0 {
+		prof := e.b.profiler(ctx, cellSpec{scenario: column, idemgate: p}, c)
 		run.windowStarted = prof.start
 		defer prof.wait()
 	}
