@@ -165,6 +165,12 @@ func Run(t testing.TB, env stack.Env, opts Options) Result {
 
 // sweep confirms again, through the pods in turn, every fingerprint whose
 // last answer left it undecided, until it is decided (a few tries each).
+// Then it asks the status of every other confirmed fingerprint and confirms
+// again those the status does not call decided, as an agent or the on-call
+// engineer following the status answer would: a replica killed while it
+// was still writing an executed confirm's result (its store had just been
+// cut) leaves the record IN_FLIGHT although the agent got its answer, and
+// the status then says to confirm again (the key makes that safe).
 func sweep(rec *Recorder, pods []*Pod, client *http.Client, opts Options, approvers *Approvers) {
 	calls, _, _ := rec.Snapshot()
 	byNonce := map[string][]Call{}
@@ -178,33 +184,64 @@ func sweep(rec *Recorder, pods []*Pod, client *http.Client, opts Options, approv
 	_, _, issued := rec.Snapshot()
 	setup := agentSetup{seed: opts.Seed, users: opts.Users, pods: pods, client: client, rec: rec}
 	agents := map[int]*Agent{}
-	for _, n := range sortedKeys(byNonce) {
-		last, ok := lastDecisive(byNonce[n])
-		if !ok || decided(last) {
-			continue
-		}
+	agentFor := func(n string) *Agent {
 		id := agentOf[n]
 		a := agents[id]
 		if a == nil {
 			var err error
 			if a, err = setup.newAgent(id, &memory{}); err != nil {
-				continue
+				return nil
 			}
 			a.rng = rand.New(rand.NewPCG(uint64(opts.Seed), 0x5eed))
 			agents[id] = a
 		}
 		a.task = -1
+		return a
+	}
+	settle := func(a *Agent, n string) {
 		for try := range 8 {
 			c := a.confirm(context.Background(), issued[n], issued[n].Params, "final check", try%len(pods), defaultTimeout)
 			a.rec.Call(c)
 			if decided(c) {
-				break
+				return
 			}
 			if classify(c) == ClassApprovalPending && c.Envelope.ApprovalID != "" {
 				approvers.Settle(c.Envelope.ApprovalID, a.user, false)
 				continue
 			}
 			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	var rest []string
+	for _, n := range sortedKeys(byNonce) {
+		last, ok := lastDecisive(byNonce[n])
+		if ok && decided(last) {
+			rest = append(rest, n)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		if a := agentFor(n); a != nil {
+			settle(a, n)
+		}
+	}
+	for _, n := range rest {
+		a := agentFor(n)
+		if a == nil {
+			continue
+		}
+		for range 3 {
+			st := a.status(context.Background(), issued[n])
+			if st.Envelope == nil || st.Envelope.Status == "temporarily_unavailable" {
+				time.Sleep(500 * time.Millisecond)
+				continue
+			}
+			switch st.Envelope.Status {
+			case "not_started", "in_progress":
+				settle(a, n)
+			}
+			break
 		}
 	}
 }
