@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"bytes"
+	"slices"
 
 	"github.com/idemgate/idemgate/internal/jsonx"
 )
@@ -112,12 +113,7 @@ type PreviewResult struct {
 // an error, isError, a task or input request, or a result that is not an
 // object and so no CallToolResult).
 func PreviewOf(msg Message) (PreviewResult, bool) {
-	var result jsonx.Member
-	for _, m := range msg.members {
-		if string(m.Name) == "result" {
-			result = m
-		}
-	}
+	result, _ := jsonx.Find(msg.members, "result")
 	if len(result.Value) == 0 || result.Value[0] != '{' || jsonx.IsTrue(jsonx.Lookup(msg.result, "isError")) {
 		return PreviewResult{}, false
 	}
@@ -135,28 +131,22 @@ func PreviewOf(msg Message) (PreviewResult, bool) {
 // the result's closing brace), so the answer is written once, into dst.
 func (p PreviewResult) AppendInjected(dst []byte, fields []jsonx.Set, block []byte) []byte {
 	raw := p.msg.Raw
-	var sc, content *jsonx.Member
-	for i := range p.msg.result {
-		switch m := &p.msg.result[i]; string(m.Name) {
-		case "structuredContent":
-			sc = m
-		case "content":
-			content = m
-		}
+	sc, hasSC := jsonx.Find(p.msg.result, "structuredContent")
+	content, hasContent := jsonx.Find(p.msg.result, "content")
+	// The values rewritten in place, in the order they appear in raw.
+	present := make([]jsonx.Member, 0, 2)
+	if hasSC {
+		present = append(present, sc)
 	}
-	// The rewritten values in the order they appear in raw.
-	first, second := sc, content
-	if sc == nil || (content != nil && spanStart(*content) < spanStart(*sc)) {
-		first, second = content, sc
+	if hasContent {
+		present = append(present, content)
 	}
+	slices.SortFunc(present, func(a, b jsonx.Member) int { return spanStart(a) - spanStart(b) })
 	at := 0
-	for _, m := range [2]*jsonx.Member{first, second} {
-		if m == nil {
-			continue
-		}
+	for _, m := range present {
 		start, end := m.ValueSpan()
 		dst = append(dst, raw[at:start]...)
-		if m == sc {
+		if string(m.Name) == "structuredContent" {
 			dst = appendStructured(dst, m.Value, fields)
 		} else {
 			dst = jsonx.AppendElementsTo(dst, m.Value, block)
@@ -168,13 +158,13 @@ func (p PreviewResult) AppendInjected(dst []byte, fields []jsonx.Set, block []by
 	closeAt := resultEnd - 1
 	dst = append(dst, raw[at:closeAt]...)
 	members := len(p.msg.result)
-	if sc == nil {
+	if !hasSC {
 		dst = appendSeparator(dst, members)
 		dst = jsonx.AppendString(dst, "structuredContent")
 		dst = jsonx.AppendEdited(append(dst, ':'), nil, nil, fields...)
 		members++
 	}
-	if content == nil {
+	if !hasContent {
 		dst = appendSeparator(dst, members)
 		dst = jsonx.AppendString(dst, "content")
 		dst = jsonx.AppendElementsTo(append(dst, ':'), nil, block)

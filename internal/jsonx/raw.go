@@ -96,12 +96,18 @@ func readName(d *jsontext.Decoder, lax bool) (key []byte, start int, err error) 
 // Lookup returns the raw value of the member named key (nil when absent).
 // Members holds no name twice, so there is one answer.
 func Lookup(members []Member, key string) []byte {
+	m, _ := Find(members, key)
+	return m.Value
+}
+
+// Find is Lookup returning the member itself (for its ValueSpan).
+func Find(members []Member, key string) (Member, bool) {
 	for _, m := range members {
 		if string(m.Name) == key {
-			return m.Value
+			return m, true
 		}
 	}
-	return nil
+	return Member{}, false
 }
 
 // MemberOf is Lookup on the object raw: nil when raw is not a strict JSON
